@@ -1,0 +1,46 @@
+# Two commands set up everything on a fresh machine: `make run` and `make test`.
+# Each creates .venv if missing, installs mocolab (editable) with its extras,
+# and makes Fashion-MNIST available; on a set-up machine that costs seconds.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.mocolab-installed
+MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
+FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
+PYTEST_ARGS ?=
+
+.PHONY: setup data run test train clean
+
+setup: $(STAMP) data
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+# Fashion-MNIST: the Debian package where apt-get works and we are root,
+# else torchvision's download into $(MOCOLAB_DATA).
+data: $(STAMP)
+	@if [ -f $(FMNIST_SYSTEM)/train-images-idx3-ubyte.gz ] || \
+	    [ -f $(MOCOLAB_DATA)/train-images-idx3-ubyte.gz ] || \
+	    [ -f $(MOCOLAB_DATA)/FashionMNIST/raw/train-images-idx3-ubyte ]; then \
+	  echo "Fashion-MNIST: present"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "Fashion-MNIST: apt-get install dataset-fashion-mnist"; \
+	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	   (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist)) ; \
+	else \
+	  echo "Fashion-MNIST: downloading into $(MOCOLAB_DATA)"; \
+	  $(PY) -c "import torchvision; torchvision.datasets.FashionMNIST('$(MOCOLAB_DATA)', download=True)"; \
+	fi
+
+run: setup
+	$(PY) -m mocolab.cli train --preset cpu-quick
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf runs mlruns mlflow.db .pytest_cache

@@ -1,0 +1,76 @@
+"""Training and augmentation throughput of the cpu-quick step, on this machine.
+
+    .venv/bin/python benchmarks/throughput.py [--steps 30] [--threads 0] [--set key=value ...]
+
+Prints images/s for (a) the two-view augmentation alone and (b) whole MoCo
+training steps (augmentation + query forward/backward + key forward + queue),
+with the core and thread counts, so figures from different machines can be
+compared as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import torch
+
+from mocolab.config import build_config
+from mocolab.loop import Trainer
+from mocolab import data as datasets
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="cpu-quick")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--set", action="append", default=[])
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = build_config(args.preset, args.set)
+    tr = Trainer(cfg)
+    b = tr.batch
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__} with {torch.get_num_threads()} threads, device {tr.device}")
+    print(f"preset {args.preset}: {cfg.model.backbone} width {cfg.model.width}, batch {b}, K {cfg.queue.size}, "
+          f"augment {cfg.augment.preset}")
+
+    batches = datasets.iterate_batches(tr.train_set, b, torch.Generator().manual_seed(0))
+    images = [next(batches)[0] for _ in range(args.warmup + args.steps)]
+
+    for x in images[:args.warmup]:
+        tr.augment(x)
+    t0 = time.perf_counter()
+    for x in images[args.warmup:]:
+        tr.augment(x)
+    aug = args.steps * b / (time.perf_counter() - t0)
+    print(f"augmentation (two views): {aug:8.0f} images/s")
+
+    tr.total_steps = 10**9  # no schedule end inside the benchmark
+    model, opt = tr.model, tr.optimizer
+    model.train()
+
+    def step(x: torch.Tensor) -> None:
+        q, k = tr.augment(x)
+        loss = model(q, k).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for x in images[:args.warmup]:
+        step(x)
+    t0 = time.perf_counter()
+    for x in images[args.warmup:]:
+        step(x)
+    dt = time.perf_counter() - t0
+    print(f"training step:            {args.steps * b / dt:8.0f} images/s  ({1000 * dt / args.steps:.0f} ms/step)")
+    print(f"augmentation share of a step: {100 * (args.steps * b / aug) / dt:.0f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Two augmented views per image, computed in batches with per-sample random parameters.
+
+Images stay uint8 until here; a batch is converted to float on the training
+device and every transform draws its parameters per sample (kornia), so the
+data path costs a few batched tensor ops per step instead of one Python call
+per image.  Randomness comes from torch's global generator, which the
+training loop seeds (and checkpoints), so the same seed gives the same views.
+"""
+
+from __future__ import annotations
+
+import torch
+import kornia.augmentation as K
+from torch import nn
+
+PRESETS = ("mocov1", "mocov2", "mocov3", "crop", "none")
+
+# Per-dataset normalisation (channel means/stds of the training sets).
+NORMALISATION = {
+    1: ((0.2860,), (0.3530,)),  # Fashion-MNIST
+    3: ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),  # CIFAR-10, good enough for RGB in general
+}
+
+
+def _blur_kernel(size: int) -> int:
+    """About a tenth of the image side, odd, at least 3 (the MoCo v2 rule of thumb)."""
+    k = max(3, int(round(size * 0.1)))
+    return k if k % 2 else k + 1
+
+
+def _jitter(channels: int, strength: float, p: float) -> list[nn.Module]:
+    if strength <= 0:
+        return []
+    if channels == 1:  # no colour: jitter reduces to brightness and contrast
+        return [K.ColorJitter(brightness=strength, contrast=strength, p=p)]
+    return [K.ColorJitter(strength, strength, strength, min(0.1, strength / 4), p=p), K.RandomGrayscale(p=0.2)]
+
+
+def _view(preset: str, size: int, channels: int, crop_min: float, jitter: float, sigma_max: float,
+          blur_p: float, solarize_p: float) -> nn.Module:
+    ops: list[nn.Module] = []
+    if preset != "none":
+        ops += [K.RandomResizedCrop((size, size), scale=(crop_min, 1.0)), K.RandomHorizontalFlip()]
+    if preset in ("mocov1",):
+        ops += _jitter(channels, jitter, p=1.0)
+    if preset in ("mocov2", "mocov3"):
+        ops += _jitter(channels, jitter, p=0.8)
+    if preset in ("mocov2", "mocov3") and blur_p > 0:
+        k = _blur_kernel(size)
+        ops.append(K.RandomGaussianBlur((k, k), (0.1, sigma_max), p=blur_p))
+    if solarize_p > 0:
+        ops.append(K.RandomSolarize(thresholds=0.0, additions=0.0, p=solarize_p))
+    return K.AugmentationSequential(*ops) if ops else nn.Identity()
+
+
+class TwoViews(nn.Module):
+    """uint8 N×C×H×W -> two normalised float views (query view, key view).
+
+    ``mocov3`` is asymmetric (blur 1.0 / 0.1, solarize 0 / 0.2); the others
+    draw both views from the same distribution.
+    """
+
+    def __init__(self, preset: str, size: int, channels: int, *, crop_min: float = 0.2, jitter: float = 0.4,
+                 blur_sigma_max: float = 2.0) -> None:
+        super().__init__()
+        if preset not in PRESETS:
+            raise ValueError(f"augment.preset: unknown value {preset!r}; choose one of {list(PRESETS)}")
+        common = dict(preset=preset, size=size, channels=channels, crop_min=crop_min, jitter=jitter,
+                      sigma_max=blur_sigma_max)
+        if preset == "mocov3":
+            self.view_q = _view(**common, blur_p=1.0, solarize_p=0.0)
+            self.view_k = _view(**common, blur_p=0.1, solarize_p=0.2)
+        else:
+            blur = 0.5 if preset == "mocov2" else 0.0
+            self.view_q = _view(**common, blur_p=blur, solarize_p=0.0)
+            self.view_k = _view(**common, blur_p=blur, solarize_p=0.0)
+        self.normalise = Normalise(channels)
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = to_float(images)
+        return self.normalise(self.view_q(x)), self.normalise(self.view_k(x))
+
+
+class Normalise(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        mean, std = NORMALISATION.get(channels, ((0.5,) * channels, (0.25,) * channels))
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def to_float(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [0, 255] -> float [0, 1]; float input is passed through."""
+    return images.float().div_(255.0) if images.dtype == torch.uint8 else images
+
+
+def build_augmentation(cfg, size: int, channels: int) -> TwoViews:
+    """From an ``AugmentConfig``."""
+    return TwoViews(cfg.preset, size, channels, crop_min=cfg.crop_min, jitter=cfg.jitter,
+                    blur_sigma_max=cfg.blur_sigma_max)

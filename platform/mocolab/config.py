@@ -1,0 +1,398 @@
+"""Typed experiment configuration: defaults, YAML presets, ``--set`` overrides, validation.
+
+A config is plain data so that it can be flattened into MLflow params, saved
+beside a checkpoint and compared across runs.  Every mistake a user can make
+is caught here, before data is loaded or a process is started, as a
+``ValueError`` that names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+PRESET_DIR = Path(__file__).with_name("presets")
+
+DATASET_NAMES = ("fashion-mnist", "cifar10", "stl10", "imagefolder", "synthetic")
+# Training-set sizes of the named datasets, so that K < N is checked without loading data.
+DATASET_TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000, "stl10": 5_000}
+AUGMENT_PRESETS = ("mocov1", "mocov2", "mocov3", "crop", "none")
+BACKBONES = ("convnet", "resnet18", "resnet50")
+HEADS = ("linear", "mlp")
+BN_MODES = ("shuffle", "split", "sync", "plain")
+QUEUE_POLICIES = ("fifo",)
+LR_SCHEDULES = ("cosine", "constant")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class DataConfig:
+    name: str = "fashion-mnist"
+    root: str | None = None  # a folder for imagefolder; else overrides $MOCOLAB_DATA
+    subset: int | None = None  # train on the first N training images (smoke tests)
+    image_size: int | None = None  # resize (imagefolder, synthetic); None keeps the native size
+    synthetic_size: int = 2048
+
+
+@dataclass
+class AugmentConfig:
+    preset: str = "mocov2"
+    crop_min: float = 0.2  # lower bound of the random-resized-crop area fraction
+    jitter: float = 0.4  # colour-jitter strength (brightness/contrast only on grayscale)
+    blur_sigma_max: float = 2.0
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = "convnet"
+    width: int = 32  # convnet: channels of the first block, doubled per block
+    head: str = "mlp"  # v1: linear, v2: mlp
+    dim: int = 128  # embedding dimension C of queries, keys and queue
+    hidden: int = 0  # MLP hidden width; 0 = the backbone's feature width
+
+
+@dataclass
+class MocoConfig:
+    m: float = 0.999  # key-encoder momentum
+    tau: float = 0.2  # softmax temperature (v1: 0.07, v2: 0.2)
+    bn: str = "split"
+    bn_groups: int = 4  # virtual devices for bn=split
+
+
+@dataclass
+class QueueConfig:
+    size: int = 16384  # K negatives
+    policy: str = "fifo"
+
+
+@dataclass
+class OptimConfig:
+    batch_size: int = 256  # global batch (all ranks together)
+    epochs: int = 3
+    max_steps: int | None = None  # stop early after this many steps (smoke runs)
+    lr: float = 0.06
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+
+
+@dataclass
+class EvalConfig:
+    knn_k: int = 200
+    knn_t: float = 0.1
+    knn_every: int = 1  # epochs between kNN monitors; 0 = only at the end
+    knn_bank: int | None = 10_000  # training images in the kNN memory bank; None = all
+    knn_test: int | None = None  # test images for the monitor; None = all
+    linear_train: int | None = None  # training images for the linear probe; None = all
+    linear_steps: int = 200  # L-BFGS iterations of the probe
+    linear_wd: float = 1e-4
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    num_workers: int = 0  # 0 = train in this process
+    device: str = "auto"
+    threads: int = 0  # torch threads; 0 = all cores this process may use
+    name: str | None = None
+    preset: str = "default"
+    output_dir: str = "runs"
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    moco: MocoConfig = field(default_factory=MocoConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    # ----------------------------------------------------------------- views
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def flatten(self) -> dict[str, Any]:
+        """``{"moco.m": 0.999, ...}``: the form MLflow params and ``--set`` use."""
+        return {f"{s}.{k}": v for s, sec in self.to_dict().items() for k, v in sec.items()}
+
+    def replace(self, **dotted: Any) -> "Config":
+        """A copy with ``{"moco.m": 0.9}``-style changes; unknown keys are errors."""
+        return apply_overrides(self, dotted)
+
+    @property
+    def train_size(self) -> int | None:
+        """Number of training images, known without loading (None: must be counted)."""
+        d = self.data
+        if d.name == "synthetic":
+            n: int | None = d.synthetic_size
+        elif d.name == "imagefolder":
+            n = _count_imagefolder(d.root)
+        else:
+            n = DATASET_TRAIN_SIZES.get(d.name)
+        if n is not None and d.subset is not None:
+            n = min(n, d.subset)
+        return n
+
+    @property
+    def world_size(self) -> int:
+        return max(1, self.run.num_workers)
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.optim.batch_size // self.world_size
+
+    @property
+    def ema_half_life(self) -> float:
+        """Steps until a query-encoder change has half its weight in the key encoder: ln 0.5 / ln m."""
+        m = self.moco.m
+        return 0.0 if m == 0 else math.log(0.5) / math.log(m)
+
+    @property
+    def max_staleness(self) -> float:
+        """Oldest negative in a full FIFO queue, in steps: K / global batch."""
+        return self.queue.size / self.optim.batch_size
+
+
+_SECTION_TYPES = {
+    "data": DataConfig, "augment": AugmentConfig, "model": ModelConfig, "moco": MocoConfig,
+    "queue": QueueConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig,
+}
+
+
+# ----------------------------------------------------------------------- building
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> Config:
+    """Defaults updated by ``presets/<name>.yaml``; a preset is data, never a code branch."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"run.preset: unknown preset {name!r}; choose one of {list_presets()}")
+    with open(path) as fh:
+        raw = yaml.safe_load(fh) or {}
+    cfg = from_dict(raw, where=f"preset {name!r}")
+    cfg.run.preset = name
+    return cfg
+
+
+def from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
+    """Nested mapping -> Config, with unknown sections or keys reported by name."""
+    cfg = Config()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping of sections, got {type(raw).__name__}")
+    for section, values in raw.items():
+        if section not in _SECTION_TYPES:
+            raise ValueError(f"{where}: unknown section {section!r}; sections are {list(_SECTION_TYPES)}")
+        if not isinstance(values, Mapping):
+            raise ValueError(f"{where}: section {section!r} must be a mapping")
+        for key, value in values.items():
+            _set(cfg, f"{section}.{key}", value)
+    return cfg
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """``["moco.m=0.9", "queue.size=4096"]`` -> dict, values parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected section.key=value, e.g. moco.m=0.9")
+        key, text = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(text) if text.strip() else None
+    return out
+
+
+def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
+    new = copy.deepcopy(cfg)
+    for key, value in overrides.items():
+        _set(new, key, value)
+    return new
+
+
+def _set(cfg: Config, dotted: str, value: Any) -> None:
+    section, _, key = dotted.partition(".")
+    if section not in _SECTION_TYPES or not key:
+        raise ValueError(f"unknown config key {dotted!r}; keys look like section.field with sections {list(_SECTION_TYPES)}")
+    sec = getattr(cfg, section)
+    names = {f.name: f for f in fields(sec)}
+    if key not in names:
+        raise ValueError(f"unknown config key {dotted!r}; {section} has {sorted(names)}")
+    setattr(sec, key, _coerce(dotted, value, names[key].type))
+
+
+def _coerce(dotted: str, value: Any, typ: Any) -> Any:
+    """YAML gives ints for ``1`` and strings for ``1e-3``; accept what the field means."""
+    text = str(typ)
+    optional = "None" in text
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ValueError(f"{dotted}: may not be empty")
+    try:
+        if text.startswith("float"):
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if text.startswith("int"):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return int(value)
+        if text.startswith("str"):
+            return str(value)
+        if text.startswith("bool"):
+            if isinstance(value, str):
+                return value.lower() in ("1", "true", "yes")
+            return bool(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{dotted}: {value!r} is not a valid {text}") from None
+    return value
+
+
+def build_config(preset: str = "cpu-quick", overrides: Iterable[str] | Mapping[str, Any] = ()) -> Config:
+    """Preset + overrides, validated: the one entry point for the CLI and the experiments."""
+    cfg = load_preset(preset)
+    ov = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    cfg = apply_overrides(cfg, ov)
+    validate(cfg)
+    return cfg
+
+
+# ----------------------------------------------------------------------- validation
+def _choice(name: str, value: Any, allowed: Iterable[Any]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name}: unknown value {value!r}; choose one of {list(allowed)}")
+
+
+def _range(name: str, value: float, lo: float | None = None, hi: float | None = None, *,
+           lo_open: bool = False, hi_open: bool = False, allowed: str | None = None) -> None:
+    bad = (isinstance(value, float) and math.isnan(value))
+    if lo is not None:
+        bad |= value <= lo if lo_open else value < lo
+    if hi is not None:
+        bad |= value >= hi if hi_open else value > hi
+    if bad:
+        if allowed is None:
+            left = "(" if lo_open else "["
+            right = ")" if hi_open else "]"
+            allowed = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+        raise ValueError(f"{name}: {value!r} is out of range; allowed {allowed}")
+
+
+def validate(cfg: Config) -> Config:
+    """Every check that can fail cheaply, run before any data is read or process started."""
+    d, a, mo, mc, q, o, e, r = cfg.data, cfg.augment, cfg.model, cfg.moco, cfg.queue, cfg.optim, cfg.eval, cfg.run
+    _choice("data.name", d.name, DATASET_NAMES)
+    _choice("augment.preset", a.preset, AUGMENT_PRESETS)
+    _choice("model.backbone", mo.backbone, BACKBONES)
+    _choice("model.head", mo.head, HEADS)
+    _choice("moco.bn", mc.bn, BN_MODES)
+    _choice("queue.policy", q.policy, QUEUE_POLICIES)
+    _choice("optim.schedule", o.schedule, LR_SCHEDULES)
+    _choice("run.device", r.device, DEVICES)
+
+    _range("moco.m", mc.m, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
+    _range("moco.tau", mc.tau, 0.0, lo_open=True, allowed="tau > 0")
+    _range("optim.lr", o.lr, 0.0, lo_open=True, allowed="lr > 0")
+    _range("optim.batch_size", o.batch_size, 2, allowed="batch_size >= 2")
+    _range("optim.epochs", o.epochs, 1, allowed="epochs >= 1")
+    if o.max_steps is not None:
+        _range("optim.max_steps", o.max_steps, 1, allowed="max_steps >= 1 or None")
+    _range("optim.momentum", o.momentum, 0.0, 1.0, hi_open=True)
+    _range("optim.weight_decay", o.weight_decay, 0.0)
+    _range("augment.crop_min", a.crop_min, 0.0, 1.0, lo_open=True, allowed="(0, 1]")
+    _range("augment.jitter", a.jitter, 0.0, 1.0)
+    _range("augment.blur_sigma_max", a.blur_sigma_max, 0.1)
+    _range("model.width", mo.width, 1)
+    _range("model.dim", mo.dim, 1)
+    _range("model.hidden", mo.hidden, 0)
+    _range("eval.knn_k", e.knn_k, 1)
+    _range("eval.knn_t", e.knn_t, 0.0, lo_open=True)
+    _range("eval.knn_every", e.knn_every, 0)
+    _range("eval.linear_steps", e.linear_steps, 1)
+    _range("eval.linear_wd", e.linear_wd, 0.0)
+    _range("run.num_workers", r.num_workers, 0)
+    _range("run.threads", r.threads, 0)
+    for key in ("subset", "image_size"):
+        val = getattr(d, key)
+        if val is not None:
+            _range(f"data.{key}", val, 1)
+    _range("data.synthetic_size", d.synthetic_size, 2)
+    for key in ("knn_bank", "knn_test", "linear_train"):
+        val = getattr(e, key)
+        if val is not None:
+            _range(f"eval.{key}", val, 1)
+
+    ws = cfg.world_size
+    if o.batch_size % ws:
+        raise ValueError(f"optim.batch_size: {o.batch_size} must be a multiple of run.num_workers={ws}")
+    if mc.bn == "split":
+        g = mc.bn_groups
+        _range("moco.bn_groups", g, 1)
+        if cfg.per_rank_batch % g:
+            raise ValueError(
+                f"moco.bn_groups: {g} must divide the per-rank batch {cfg.per_rank_batch} "
+                f"(optim.batch_size={o.batch_size} / {ws} workers)")
+        if cfg.per_rank_batch // g < 2:
+            raise ValueError(f"moco.bn_groups: {g} groups leave fewer than 2 samples per group "
+                             f"in a per-rank batch of {cfg.per_rank_batch}")
+    if mc.bn == "shuffle" and ws < 2:
+        raise ValueError("moco.bn: 'shuffle' needs run.num_workers >= 2 ranks to shuffle across; "
+                         "in one process use 'split' (virtual groups + in-process shuffle)")
+    if mc.bn == "sync":
+        raise ValueError("moco.bn: 'sync' (SyncBatchNorm) needs GPUs and the distributed trainer; "
+                         "on CPU use 'split' or 'shuffle'")
+
+    if q.size <= 0:
+        raise ValueError(f"queue.size: {q.size} must be > 0")
+    if q.size % o.batch_size:
+        raise ValueError(f"queue.size: {q.size} must be a multiple of the global batch "
+                         f"optim.batch_size={o.batch_size} (so the FIFO ring wraps on a batch boundary)")
+    _check_data_path(d)
+    n = cfg.train_size
+    if n is not None:
+        if q.size >= n:
+            raise ValueError(f"queue.size: {q.size} must be below the training-set size {n} "
+                             f"(else an image's own older key is one of its negatives)")
+        if o.batch_size > n:
+            raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
+    return cfg
+
+
+def _check_data_path(d: DataConfig) -> None:
+    if d.name == "imagefolder" and not d.root:
+        raise ValueError("data.root: imagefolder needs a folder path (root/train/<class>/*.jpg)")
+    root = d.root
+    if root is None:
+        env = os.environ.get("MOCOLAB_DATA")
+        if env and Path(env).exists() and not (Path(env).is_dir() and os.access(env, os.R_OK | os.X_OK)):
+            raise ValueError(f"data.root: $MOCOLAB_DATA={env!r} is not a readable folder")
+        return
+    p = Path(root).expanduser()
+    if d.name == "imagefolder" and not p.exists():
+        raise ValueError(f"data.root: {root!r} does not exist")
+    if p.exists() and not (p.is_dir() and os.access(p, os.R_OK | os.X_OK)):
+        raise ValueError(f"data.root: {root!r} is not a readable folder")
+
+
+_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".webp"}
+
+
+def _count_imagefolder(root: str | None) -> int | None:
+    """Files under root/train/*/ (a directory walk, no decoding)."""
+    if not root:
+        return None
+    train = Path(root).expanduser() / "train"
+    if not train.is_dir():
+        return None
+    return sum(1 for p in train.glob("*/*") if p.suffix.lower() in _IMAGE_SUFFIXES)

@@ -1,0 +1,99 @@
+"""How good are the features?  A kNN monitor each epoch and a linear probe at the end.
+
+Both read the frozen backbone's features of un-augmented images and are
+deterministic: kNN has no randomness, and the probe is full-batch L-BFGS from
+a zero start on standardised features, so two calls on the same encoder give
+the same number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .augment import Normalise, to_float
+
+
+@torch.no_grad()
+def extract_features(backbone: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor,
+                     device: torch.device | str = "cpu", batch_size: int = 1024) -> torch.Tensor:
+    """uint8 N×C×H×W -> float N×D features in eval mode (BN uses running statistics)."""
+    module = backbone if isinstance(backbone, nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
+    norm = Normalise(images.shape[1]).to(device)
+    out = []
+    try:
+        for i in range(0, images.shape[0], batch_size):
+            x = norm(to_float(images[i:i + batch_size].to(device)))
+            out.append(backbone(x).float().cpu())
+    finally:
+        if module is not None:
+            module.train(was_training)
+    return torch.cat(out) if out else torch.empty(0)
+
+
+@torch.no_grad()
+def knn_predict(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
+                classes: int, k: int = 200, t: float = 0.1, chunk: int = 1024) -> torch.Tensor:
+    """Weighted kNN (Wu et al. 2018): the k most cosine-similar training samples vote with weight exp(s/t)."""
+    bank = F.normalize(train_feats, dim=1)
+    k = min(k, bank.shape[0])
+    preds = []
+    for i in range(0, test_feats.shape[0], chunk):
+        q = F.normalize(test_feats[i:i + chunk], dim=1)
+        sim, idx = (q @ bank.T).topk(k, dim=1)  # chunk×k
+        weights = (sim / t).exp()
+        votes = torch.zeros(q.shape[0], classes, dtype=weights.dtype)
+        votes.scatter_add_(1, train_labels[idx], weights)
+        preds.append(votes.argmax(dim=1))
+    return torch.cat(preds)
+
+
+def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
+                 test_labels: torch.Tensor, classes: int, k: int = 200, t: float = 0.1) -> float:
+    pred = knn_predict(train_feats, train_labels, test_feats, classes, k, t)
+    return float((pred == test_labels).float().mean())
+
+
+@dataclass
+class ProbeResult:
+    train_top1: float
+    test_top1: float
+
+
+def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
+                 test_labels: torch.Tensor, classes: int, *, weight_decay: float = 1e-4,
+                 steps: int = 200) -> ProbeResult:
+    """Multinomial logistic regression on standardised frozen features, fitted by full-batch L-BFGS.
+
+    Standardising with the training mean/std makes one weight decay serve
+    every encoder; L-BFGS from zeros has no randomness, so the probe is a
+    deterministic function of the features.
+    """
+    x = train_feats.double()
+    mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+    x = (x - mean) / std
+    xt = (test_feats.double() - mean) / std
+    w = torch.zeros(x.shape[1], classes, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=steps, history_size=20, line_search_fn="strong_wolfe",
+                            tolerance_grad=1e-9, tolerance_change=1e-12)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ w + b, train_labels) + 0.5 * weight_decay * (w * w).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    with torch.no_grad():
+        train_top1 = float(((x @ w + b).argmax(1) == train_labels).double().mean())
+        test_top1 = float(((xt @ w + b).argmax(1) == test_labels).double().mean())
+    return ProbeResult(train_top1, test_top1)

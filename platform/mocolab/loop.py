@@ -1,0 +1,317 @@
+"""The MoCo training loop in plain PyTorch: data -> two views -> MoCo step -> monitors.
+
+``Trainer`` owns everything a run needs (encoders, queue, optimizer, counters,
+RNG) so that one object can be checkpointed and restored; ``run_training``
+drives it and reports through a callback.  Nothing here imports Ray or
+MLflow: the in-process CLI and the Ray Train worker call the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from . import data as datasets
+from .augment import build_augmentation
+from .config import Config
+from .evaluation import extract_features, knn_accuracy, linear_probe
+from .models import build_encoder
+from .moco import MoCo
+from .norm import LocalShuffle, NoShuffle
+from .queue import KeyQueue
+
+# A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
+# a uniform guess, so 10× that is far outside anything training produces.
+DIVERGENCE_FACTOR = 10.0
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    step: int
+    loss: float
+    lr: float
+    m: float
+    pretext_acc: float
+    knn_top1: float | None
+    images_per_s: float
+    staleness_mean: float
+    staleness_max: float
+    ema_half_life: float
+    max_staleness_bound: float
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        """Numeric fields for a metrics logger (None-valued monitors are left out)."""
+        return {k: float(v) for k, v in asdict(self).items() if v is not None and k not in ("epoch",)}
+
+
+@dataclass
+class EpochStats:
+    """Running sums of the current epoch; part of a checkpoint so a mid-epoch resume reports the same."""
+    loss_sum: float = 0.0
+    acc_sum: float = 0.0
+    steps: int = 0
+    images: int = 0
+    seconds: float = 0.0
+    recent_loss: float = float("nan")
+
+    def add(self, loss: float, acc: float, images: int) -> None:
+        self.loss_sum += loss
+        self.acc_sum += acc
+        self.steps += 1
+        self.images += images
+        self.recent_loss = loss
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / max(1, self.steps)
+
+    @property
+    def mean_acc(self) -> float:
+        return self.acc_sum / max(1, self.steps)
+
+
+@dataclass
+class TrainResult:
+    linear_top1: float | None
+    knn_top1: float | None
+    final_loss: float
+    steps: int
+    diverged: bool
+    history: list[EpochRecord] = field(default_factory=list)
+    knn_top1_init: float | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("run.device: 'cuda' was asked for but no GPU is visible; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
+    if n is None or n >= len(ds):
+        return ds
+    return datasets.ImageDataset(ds.images[:n], ds.labels[:n], ds.classes, ds.name)
+
+
+def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset]:
+    d = cfg.data
+    kwargs = dict(synthetic_size=d.synthetic_size, image_size=d.image_size, seed=cfg.run.seed)
+    train = datasets.load_dataset(d.name, "train", d.root, **kwargs)
+    test = datasets.load_dataset(d.name, "test", d.root, **kwargs)
+    return _subset(train, d.subset), test
+
+
+def lr_at(cfg: Config, step: int, total_steps: int) -> float:
+    o = cfg.optim
+    if o.schedule == "constant":
+        return o.lr
+    return o.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(1, total_steps)))
+
+
+class Trainer:
+    """One MoCo run on one rank.  ``rank``/``world_size`` shard the data; the rest is per process."""
+
+    def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1,
+                 train: datasets.ImageDataset | None = None, test: datasets.ImageDataset | None = None) -> None:
+        self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
+        self.device = resolve_device(cfg.run.device)
+        if train is None or test is None:
+            train, test = load_data(cfg)
+        self.train_set, self.test_set = train, test
+        channels, size = train.images.shape[1], train.images.shape[-1]
+        self.batch = cfg.optim.batch_size // world_size
+        if len(train) < cfg.optim.batch_size:
+            raise ValueError(f"optim.batch_size: {cfg.optim.batch_size} is larger than the training set "
+                             f"({len(train)} images)")
+        init_gen = torch.Generator().manual_seed(cfg.run.seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
+            mc, mo = cfg.moco, cfg.model
+            groups = mc.bn_groups if mc.bn == "split" else 1
+            encoder = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim,
+                                    hidden=mo.hidden, bn_groups=groups)
+            queue = KeyQueue(cfg.queue.size, mo.dim, cfg.optim.batch_size, generator=init_gen)
+        shuffler = LocalShuffle() if mc.bn == "split" else NoShuffle()
+        self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler).to(self.device)
+        self.augment = build_augmentation(cfg.augment, size, channels).to(self.device)
+        o = cfg.optim
+        self.optimizer = torch.optim.SGD(self.model.encoder_q.parameters(), lr=o.lr, momentum=o.momentum,
+                                         weight_decay=o.weight_decay)
+        # Augmentation and key-shuffle draws come from torch's global generator (kornia uses it);
+        # the trainer keeps its own copy of that state, different per rank, and swaps it in
+        # while it trains, so two trainers in one process and a resumed run draw alike.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.run.seed * 1000 + 17 + rank)
+            self.rng_state = torch.get_rng_state()
+        self.steps_per_epoch = datasets.batches_per_epoch(len(train), self.batch, world_size)
+        planned = o.epochs * self.steps_per_epoch
+        self.total_steps = min(planned, o.max_steps) if o.max_steps else planned
+        self.step = 0
+        self.epoch = 0
+        self.history: list[EpochRecord] = []
+        self.epoch_stats = EpochStats()
+
+    def epoch_order(self, epoch: int) -> torch.Generator:
+        """Data order of an epoch: a function of (seed, epoch) alone, identical on every rank,
+        different each epoch, and reproducible after a restart in the middle of an epoch."""
+        return torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + epoch)
+
+    # -------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit-for-bit: weights, queue, optimizer, counters, RNG."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "rng": torch.get_rng_state() if self._in_epoch else self.rng_state,
+            "epoch_stats": asdict(self.epoch_stats),
+            "history": [asdict(h) for h in self.history],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.rng_state = state["rng"]
+        self.epoch_stats = EpochStats(**state["epoch_stats"])
+        self.history = [EpochRecord(**h) for h in state["history"]]
+
+    # ------------------------------------------------------------------ training
+    _in_epoch = False
+
+    def train_epoch(self, progress: Callable[[str], None] | None = None,
+                    on_step: Callable[["Trainer"], None] | None = None) -> tuple[float, float, float, bool]:
+        """Train to the end of the current epoch (or max_steps), resuming mid-epoch if a
+        checkpoint was taken there.  Returns (mean loss, pretext acc, images/s, diverged)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self.rng_state)
+            self._in_epoch = True
+            try:
+                result = self._train_epoch(progress, on_step)
+            finally:
+                self._in_epoch = False
+                self.rng_state = torch.get_rng_state()
+        return result
+
+    def _train_epoch(self, progress, on_step) -> tuple[float, float, float, bool]:
+        model, cfg, st = self.model, self.cfg, self.epoch_stats
+        model.train()
+        threshold = DIVERGENCE_FACTOR * math.log(1 + cfg.queue.size)
+        done_in_epoch = self.step - self.epoch * self.steps_per_epoch  # > 0 after a mid-epoch restart
+        report_every = max(1, self.steps_per_epoch // 4)
+        t0 = time.perf_counter() - st.seconds
+        batches = datasets.iterate_batches(self.train_set, self.batch, self.epoch_order(self.epoch),
+                                           rank=self.rank, world_size=self.world_size)
+        for i, (images, _, _) in enumerate(batches):
+            if i < done_in_epoch:
+                continue
+            if self.step >= self.total_steps:
+                break
+            lr = lr_at(cfg, self.step, self.total_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            im_q, im_k = self.augment(images.to(self.device, non_blocking=True))
+            out = model(im_q, im_k)
+            loss = out.loss
+            value = float(loss.detach())
+            if not math.isfinite(value) or value > threshold:
+                return value, 0.0, 0.0, True
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.step += 1
+            st.add(value, out.pretext_accuracy, images.shape[0] * self.world_size)
+            st.seconds = time.perf_counter() - t0
+            if progress is not None and (i + 1) % report_every == 0 and i + 1 < self.steps_per_epoch:
+                progress(f"  epoch {self.epoch + 1} step {self.step}/{self.total_steps} "
+                         f"loss {st.recent_loss:.3f} {st.images / max(st.seconds, 1e-9):.0f} img/s")
+            if on_step is not None:
+                on_step(self)
+        self.epoch += 1
+        self.epoch_stats = EpochStats()
+        return st.mean_loss, st.mean_acc, st.images / max(st.seconds, 1e-9), False
+
+    # ---------------------------------------------------------------- evaluation
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        return extract_features(self.model.encoder_q.backbone, images, self.device)
+
+    def knn(self) -> float:
+        e = self.cfg.eval
+        bank = _subset(self.train_set, e.knn_bank)
+        test = _subset(self.test_set, e.knn_test)
+        return knn_accuracy(self.features(bank.images), bank.labels, self.features(test.images), test.labels,
+                            bank.classes, e.knn_k, e.knn_t)
+
+    def probe(self) -> float:
+        e = self.cfg.eval
+        train = _subset(self.train_set, e.linear_train)
+        res = linear_probe(self.features(train.images), train.labels, self.features(self.test_set.images),
+                           self.test_set.labels, train.classes, weight_decay=e.linear_wd, steps=e.linear_steps)
+        return res.test_top1
+
+
+def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None = None,
+                 progress: Callable[[str], None] | None = print, trainer: Trainer | None = None,
+                 measure_init: bool = False) -> TrainResult:
+    """Train to the end, monitoring kNN per epoch; finish with kNN and the linear probe.
+
+    A diverged run stops at once and returns its last loss with ``diverged``
+    set; its monitors are not run (the encoder is garbage by definition).
+    """
+    say = progress or (lambda _msg: None)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    t_start = time.perf_counter()
+    tr = trainer or Trainer(cfg)
+    say(f"mocolab: {cfg.data.name} ({len(tr.train_set)} train / {len(tr.test_set)} test), "
+        f"{cfg.model.backbone}, m={cfg.moco.m}, K={cfg.queue.size}, batch={cfg.optim.batch_size}, "
+        f"{tr.total_steps} steps on {tr.device} with {torch.get_num_threads()} threads")
+    knn_init = tr.knn() if measure_init else None
+    if knn_init is not None:
+        say(f"  kNN top-1 at initialisation: {100 * knn_init:.2f}%")
+    loss = float("nan")
+    diverged = False
+    e = cfg.eval
+    while tr.step < tr.total_steps:
+        t0 = time.perf_counter()
+        loss, pretext, rate, diverged = tr.train_epoch(progress=say)
+        if diverged:
+            say(f"  diverged at step {tr.step}: loss {loss}")
+            break
+        last = tr.step >= tr.total_steps
+        knn = tr.knn() if (e.knn_every and tr.epoch % e.knn_every == 0) or last else None
+        s_mean, s_max = tr.model.queue.staleness(tr.step)
+        rec = EpochRecord(tr.epoch, tr.step, loss, lr_at(cfg, tr.step - 1, tr.total_steps), cfg.moco.m, pretext,
+                          knn, rate, s_mean, s_max, cfg.ema_half_life, cfg.max_staleness,
+                          time.perf_counter() - t0)
+        tr.history.append(rec)
+        elapsed = time.perf_counter() - t_start
+        eta = elapsed / tr.step * (tr.total_steps - tr.step)
+        knn_txt = f"kNN {100 * knn:.2f}%" if knn is not None else "kNN -"
+        say(f"epoch {tr.epoch:3d}  step {tr.step:6d}/{tr.total_steps}  loss {loss:.4f}  pretext {100 * pretext:.1f}%  "
+            f"{knn_txt}  {rate:.0f} img/s  ETA {_fmt_time(eta)}")
+        if on_epoch is not None:
+            on_epoch(rec)
+    if diverged:
+        return TrainResult(None, None, loss, tr.step, True, tr.history, knn_init)
+    knn_final = tr.history[-1].knn_top1 if tr.history else tr.knn()
+    say("linear probe on frozen features ...")
+    linear = tr.probe()
+    say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "
+        f"kNN top-1 {100 * knn_final:.2f}%")
+    return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init)
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

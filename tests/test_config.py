@@ -1,0 +1,92 @@
+import pytest
+
+from mocolab.config import Config, build_config, list_presets, load_preset, parse_overrides, validate
+
+
+def test_presets_load_and_validate():
+    assert {"smoke", "cpu-quick"} <= set(list_presets())
+    for name in list_presets():
+        cfg = build_config(name)
+        assert cfg.run.preset == name
+
+
+def test_overrides_are_typed_and_flattened():
+    cfg = build_config("smoke", ["moco.m=0.9", "queue.size=2048", "data.subset=null", "optim.lr=1e-2"])
+    flat = cfg.flatten()
+    assert flat["moco.m"] == 0.9 and isinstance(flat["moco.m"], float)
+    assert flat["queue.size"] == 2048 and flat["data.subset"] is None
+    assert flat["optim.lr"] == pytest.approx(0.01)
+
+
+def test_closed_forms():
+    cfg = build_config("cpu-quick", ["moco.m=0.999"])
+    assert cfg.ema_half_life == pytest.approx(692.8, abs=0.1)
+    assert cfg.replace(**{"moco.m": 0.9}).ema_half_life == pytest.approx(6.58, abs=0.01)
+    assert cfg.max_staleness == cfg.queue.size / cfg.optim.batch_size
+
+
+@pytest.mark.parametrize("overrides, field, hint", [
+    ({"moco.m": 1.0}, "moco.m", "[0, 1)"),
+    ({"moco.m": -0.1}, "moco.m", "[0, 1)"),
+    ({"moco.tau": 0.0}, "moco.tau", "tau > 0"),
+    ({"queue.size": 0}, "queue.size", "> 0"),
+    ({"queue.size": 1000}, "queue.size", "multiple of the global batch"),
+    ({"queue.size": 60_160}, "queue.size", "below the training-set size 60000"),
+    ({"optim.batch_size": 1}, "optim.batch_size", "batch_size >= 2"),
+    ({"optim.lr": 0.0}, "optim.lr", "lr > 0"),
+    ({"optim.lr": -1.0}, "optim.lr", "lr > 0"),
+    ({"data.name": "mnist2"}, "data.name", "fashion-mnist"),
+    ({"model.backbone": "vit"}, "model.backbone", "resnet18"),
+    ({"augment.preset": "simclr"}, "augment.preset", "mocov2"),
+    ({"moco.bn": "group"}, "moco.bn", "shuffle"),
+    ({"moco.bn_groups": 3}, "moco.bn_groups", "divide the per-rank batch 256"),
+    ({"data.name": "imagefolder"}, "data.root", "folder"),
+    ({"data.name": "imagefolder", "data.root": "/nonexistent/imagenet"}, "data.root", "does not exist"),
+])
+def test_validation_errors_name_field_and_range(overrides, field, hint):
+    with pytest.raises(ValueError) as err:
+        build_config("cpu-quick", overrides)
+    msg = str(err.value)
+    assert msg.startswith(field), msg
+    assert hint in msg, msg
+
+
+def test_unreadable_data_root(tmp_path):
+    f = tmp_path / "not-a-dir"
+    f.write_text("x")
+    with pytest.raises(ValueError, match=r"data.root: .* is not a readable folder"):
+        build_config("smoke", {"data.root": str(f)})
+
+
+def test_k_against_subset_size():
+    with pytest.raises(ValueError, match="below the training-set size 8192"):
+        build_config("smoke", {"queue.size": 8192, "optim.batch_size": 128})
+
+
+def test_unknown_preset_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"run.preset: unknown preset 'nope'.*smoke"):
+        load_preset("nope")
+
+
+@pytest.mark.parametrize("item, match", [
+    ("moco.mm=0.9", r"unknown config key 'moco.mm'.*'m'"),
+    ("mocco.m=0.9", "unknown config key 'mocco.m'"),
+    ("moco.m", "expected section.key=value"),
+    ("queue.size=abc", "queue.size: 'abc' is not a valid int"),
+    ("queue.size=10.5", "queue.size: 10.5 is not a valid int"),
+])
+def test_bad_overrides(item, match):
+    with pytest.raises(ValueError, match=match):
+        build_config("smoke", parse_overrides([item]))
+
+
+def test_sync_bn_and_shuffle_need_ranks():
+    with pytest.raises(ValueError, match="moco.bn: 'shuffle' needs run.num_workers >= 2"):
+        build_config("smoke", {"moco.bn": "shuffle"})
+    with pytest.raises(ValueError, match="moco.bn: 'sync'"):
+        build_config("smoke", {"moco.bn": "sync"})
+
+
+def test_validate_returns_config_and_defaults_are_valid():
+    cfg = Config()
+    assert validate(cfg) is cfg

@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from mocolab.queue import KeyQueue
+
+
+def _batch(step: int, b: int = 4, c: int = 3) -> torch.Tensor:
+    """Keys whose value encodes (step, row) so order can be read back."""
+    return torch.arange(b, dtype=torch.float32).view(b, 1).expand(b, c) + 100 * step
+
+
+def test_fifo_order_and_wrap_around():
+    q = KeyQueue(size=12, dim=3, batch_size=4)
+    for step in range(5):  # 5 batches into 3 slots: wraps twice
+        q.enqueue(_batch(step), step)
+    # the queue holds steps 2, 3, 4, oldest first
+    expect = torch.cat([_batch(2), _batch(3), _batch(4)])
+    assert torch.equal(q.ordered(), expect)
+    assert int(q.ptr) == (5 * 4) % 12
+    assert q.write_step.tolist() == [3] * 4 + [4] * 4 + [2] * 4
+
+
+def test_max_staleness_is_k_over_batch():
+    q = KeyQueue(size=32, dim=2, batch_size=8)
+    assert q.staleness(0) == (0.0, 0.0)  # nothing written yet: the random init does not count
+    for step in range(10):
+        mean, max_age = q.staleness(step)
+        if step >= 4:  # full from step 4 on: ages K/B .. 1
+            assert max_age == q.max_staleness == 4
+            assert mean == pytest.approx((4 + 3 + 2 + 1) / 4)
+        q.enqueue(torch.randn(8, 2), step)
+
+
+def test_negative_logits_shape_and_no_grad_into_queue():
+    q = KeyQueue(size=16, dim=5, batch_size=4)
+    query = torch.randn(4, 5, requires_grad=True)
+    logits = q.negative_logits(query)
+    assert logits.shape == (4, 16)
+    q.enqueue(torch.randn(4, 5), 0)  # in-place overwrite must not break backward
+    logits.sum().backward()
+    assert query.grad is not None and not q.keys.requires_grad
+
+
+@pytest.mark.parametrize("size, batch", [(0, 4), (10, 4), (-8, 4)])
+def test_bad_sizes(size, batch):
+    with pytest.raises(ValueError, match="queue.size"):
+        KeyQueue(size=size, dim=2, batch_size=batch)
+
+
+def test_wrong_batch_enqueue():
+    q = KeyQueue(size=8, dim=2, batch_size=4)
+    with pytest.raises(ValueError, match="built for batches of 4"):
+        q.enqueue(torch.randn(3, 2), 0)
+
+
+def test_state_dict_carries_queue():
+    q = KeyQueue(size=8, dim=2, batch_size=4)
+    q.enqueue(torch.ones(4, 2), 7)
+    r = KeyQueue(size=8, dim=2, batch_size=4)
+    r.load_state_dict(q.state_dict())
+    assert torch.equal(r.keys, q.keys) and int(r.ptr) == 4 and r.write_step[:4].tolist() == [7] * 4
