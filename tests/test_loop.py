@@ -34,7 +34,7 @@ def test_training_is_deterministic_under_a_seed():
     cfg = build_config("smoke", {"optim.max_steps": 4, "eval.knn_every": 0})
     a, b = Trainer(cfg), Trainer(cfg)
     a.train_epoch(), b.train_epoch()
-    for pa, pb in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+    for pa, pb in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True):
         assert (pa == pb).all()
 
 

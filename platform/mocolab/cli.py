@@ -3,34 +3,56 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .config import build_config, list_presets
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .loop import run_training  # imported late: torch start-up is not needed for --help
-
     cfg = build_config(args.preset, args.set or [])
     if args.print_config:
         for key, value in cfg.flatten().items():
             print(f"{key} = {value}")
-    result = run_training(cfg, measure_init=args.measure_init)
-    if result.diverged:
-        print(f"training diverged after {result.steps} steps (final loss {result.final_loss})", file=sys.stderr)
+    if args.in_process:
+        from .loop import run_training  # imported late: torch start-up is not needed for --help
+
+        result = run_training(cfg, measure_init=args.measure_init)
+        diverged, steps, loss = result.diverged, result.steps, result.final_loss
+    else:
+        from .train import fit
+
+        out = fit(cfg, tracking_uri=args.tracking_uri)
+        diverged, steps, loss = out.status == "diverged", out.steps, out.final_loss
+        print(f"run '{out.run_name}' {out.status}: linear top-1 {_pct(out.linear_top1)}, kNN top-1 "
+              f"{_pct(out.knn_top1)}; MLflow run {out.mlflow_run_id}")
+        print("open the MLflow UI with: mlflow ui --backend-store-uri "
+              f"{args.tracking_uri or os.environ.get('MLFLOW_TRACKING_URI') or 'sqlite:///mlflow.db'}")
+    if diverged:
+        print(f"training diverged after {steps} steps (final loss {loss})", file=sys.stderr)
         return 2
     return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mocolab", description="Momentum Contrast experiments.")
     sub = parser.add_subparsers(dest="command", required=True)
-    tr = sub.add_parser("train", help="train one MoCo model in this process and report the linear probe")
+    tr = sub.add_parser("train", help="train one MoCo model with Ray Train (run.num_workers workers; 0 = this "
+                        "process), log it to MLflow, and report the linear probe")
     tr.add_argument("--preset", default="cpu-quick", help=f"one of {list_presets()} (default cpu-quick)")
     tr.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a config field, e.g. --set moco.m=0.9 (repeatable)")
     tr.add_argument("--print-config", action="store_true", help="print the resolved config first")
-    tr.add_argument("--measure-init", action="store_true", help="also measure kNN top-1 before training")
+    tr.add_argument("--measure-init", action="store_true",
+                    help="also measure kNN top-1 before training (with --in-process)")
+    tr.add_argument("--in-process", action="store_true",
+                    help="run the loop directly in this process: no Ray, no MLflow, no checkpoints")
+    tr.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     tr.set_defaults(func=_train)
     args = parser.parse_args(argv)
     try:

@@ -28,6 +28,7 @@ BACKBONES = ("convnet", "resnet18", "resnet50")
 HEADS = ("linear", "mlp")
 BN_MODES = ("shuffle", "split", "sync", "plain")
 QUEUE_POLICIES = ("fifo",)
+QUEUE_LAYOUTS = ("replicated", "sharded")
 LR_SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -70,6 +71,7 @@ class MocoConfig:
 class QueueConfig:
     size: int = 16384  # K negatives
     policy: str = "fifo"
+    layout: str = "replicated"  # with several ranks: every rank holds all K keys, or K/W each
 
 
 @dataclass
@@ -98,12 +100,19 @@ class EvalConfig:
 @dataclass
 class RunConfig:
     seed: int = 0
-    num_workers: int = 0  # 0 = train in this process
+    num_workers: int = 0  # Ray Train workers W; 0 = Ray Train's local mode (this process)
     device: str = "auto"
-    threads: int = 0  # torch threads; 0 = all cores this process may use
-    name: str | None = None
+    threads: int = 0  # torch threads per worker; 0 = its CPU share
+    cpus_per_worker: float = 1.0  # Ray CPU resources per worker (fractions let trials share cores)
+    gpus_per_worker: float = 0.0
+    name: str | None = None  # the run's name: the same name resumes it; None = derived from the config
     preset: str = "default"
-    output_dir: str = "runs"
+    output_dir: str = "runs"  # Ray Train storage: checkpoints live in <output_dir>/<name>/
+    experiment: str = "mocolab"  # MLflow experiment
+    checkpoint_every: int = 0  # also checkpoint every N steps (0 = at epoch ends only)
+    keep_checkpoints: int = 2
+    max_failures: int = 2  # worker restarts from the latest checkpoint before the run fails
+    fault_step: int = 0  # testing: one worker exits at this step on the first attempt (0 = never)
 
 
 @dataclass
@@ -150,6 +159,17 @@ class Config:
     @property
     def per_rank_batch(self) -> int:
         return self.optim.batch_size // self.world_size
+
+    @property
+    def run_name(self) -> str:
+        """The given name, else one derived from the config: the same config resumes the same run."""
+        if self.run.name:
+            return self.run.name
+        import hashlib
+        import json
+        flat = {k: v for k, v in self.flatten().items() if not k.startswith("run.") or k == "run.seed"}
+        digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return f"{self.run.preset}-m{self.moco.m}-s{self.run.seed}-{digest}"
 
     @property
     def ema_half_life(self) -> float:
@@ -298,6 +318,7 @@ def validate(cfg: Config) -> Config:
     _choice("model.head", mo.head, HEADS)
     _choice("moco.bn", mc.bn, BN_MODES)
     _choice("queue.policy", q.policy, QUEUE_POLICIES)
+    _choice("queue.layout", q.layout, QUEUE_LAYOUTS)
     _choice("optim.schedule", o.schedule, LR_SCHEDULES)
     _choice("run.device", r.device, DEVICES)
 
@@ -323,6 +344,12 @@ def validate(cfg: Config) -> Config:
     _range("eval.linear_wd", e.linear_wd, 0.0)
     _range("run.num_workers", r.num_workers, 0)
     _range("run.threads", r.threads, 0)
+    _range("run.cpus_per_worker", r.cpus_per_worker, 0.0, lo_open=True, allowed="> 0")
+    _range("run.gpus_per_worker", r.gpus_per_worker, 0.0)
+    _range("run.checkpoint_every", r.checkpoint_every, 0)
+    _range("run.keep_checkpoints", r.keep_checkpoints, 1)
+    _range("run.max_failures", r.max_failures, 0)
+    _range("run.fault_step", r.fault_step, 0)
     for key in ("subset", "image_size"):
         val = getattr(d, key)
         if val is not None:
@@ -349,9 +376,10 @@ def validate(cfg: Config) -> Config:
     if mc.bn == "shuffle" and ws < 2:
         raise ValueError("moco.bn: 'shuffle' needs run.num_workers >= 2 ranks to shuffle across; "
                          "in one process use 'split' (virtual groups + in-process shuffle)")
-    if mc.bn == "sync":
-        raise ValueError("moco.bn: 'sync' (SyncBatchNorm) needs GPUs and the distributed trainer; "
-                         "on CPU use 'split' or 'shuffle'")
+    if mc.bn == "sync" and (ws < 2 or r.gpus_per_worker <= 0):
+        raise ValueError("moco.bn: 'sync' (SyncBatchNorm) needs run.num_workers >= 2 and "
+                         "run.gpus_per_worker > 0 (torch's SyncBatchNorm has no CPU kernel); "
+                         "on CPU use 'shuffle' or 'split'")
 
     if q.size <= 0:
         raise ValueError(f"queue.size: {q.size} must be > 0")

@@ -21,8 +21,7 @@ from .config import Config
 from .evaluation import extract_features, knn_accuracy, linear_probe
 from .models import build_encoder
 from .moco import MoCo
-from .norm import LocalShuffle, NoShuffle
-from .queue import KeyQueue
+from . import dist as mdist
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
 # a uniform guess, so 10× that is far outside anything training produces.
@@ -119,11 +118,13 @@ def lr_at(cfg: Config, step: int, total_steps: int) -> float:
 class Trainer:
     """One MoCo run on one rank.  ``rank``/``world_size`` shard the data; the rest is per process."""
 
-    def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1,
-                 train: datasets.ImageDataset | None = None, test: datasets.ImageDataset | None = None) -> None:
+    def __init__(self, cfg: Config, *, train: datasets.ImageDataset | None = None,
+                 test: datasets.ImageDataset | None = None, device: torch.device | None = None) -> None:
         self.cfg = cfg
-        self.rank, self.world_size = rank, world_size
-        self.device = resolve_device(cfg.run.device)
+        # rank and world come from torch.distributed (Ray Train sets it up); one process is (0, 1)
+        self.rank, self.world_size = mdist.rank_and_world()
+        rank, world_size = self.rank, self.world_size
+        self.device = device or resolve_device(cfg.run.device)
         if train is None or test is None:
             train, test = load_data(cfg)
         self.train_set, self.test_set = train, test
@@ -139,12 +140,19 @@ class Trainer:
             groups = mc.bn_groups if mc.bn == "split" else 1
             encoder = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim,
                                     hidden=mo.hidden, bn_groups=groups)
-            queue = KeyQueue(cfg.queue.size, mo.dim, cfg.optim.batch_size, generator=init_gen)
-        shuffler = LocalShuffle() if mc.bn == "split" else NoShuffle()
+            if mc.bn == "sync":
+                encoder = torch.nn.SyncBatchNorm.convert_sync_batchnorm(encoder)
+            queue = mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch, generator=init_gen)
+        # split: in-process shuffle drawing from the trainer's RNG; shuffle: rank 0's own generator
+        shuffler = mdist.build_shuffler(mc.bn, cfg.run.seed + 1 if mc.bn == "shuffle" else None)
         self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler).to(self.device)
+        self.encoder = self.model.encoder_q  # the unwrapped query encoder, for evaluation and checkpoints
+        if world_size > 1:  # DDP over the query encoder only: the queue and f_k stay out of its broadcasts
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.model.encoder_q = torch.nn.parallel.DistributedDataParallel(self.encoder, device_ids=ids)
         self.augment = build_augmentation(cfg.augment, size, channels).to(self.device)
         o = cfg.optim
-        self.optimizer = torch.optim.SGD(self.model.encoder_q.parameters(), lr=o.lr, momentum=o.momentum,
+        self.optimizer = torch.optim.SGD(self.encoder.parameters(), lr=o.lr, momentum=o.momentum,
                                          weight_decay=o.weight_decay)
         # Augmentation and key-shuffle draws come from torch's global generator (kornia uses it);
         # the trainer keeps its own copy of that state, different per rank, and swaps it in
@@ -169,25 +177,43 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything needed to continue bit-for-bit: weights, queue, optimizer, counters, RNG."""
         return {
-            "model": self.model.state_dict(),
+            # per part, unwrapped from DDP, so a checkpoint reads the same whatever W was
+            "encoder_q": self.encoder.state_dict(),
+            "encoder_k": self.model.encoder_k.state_dict(),
+            "queue": self.model.queue.state_dict(),
+            "moco_step": self.model.step.clone(),
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
             "rng": torch.get_rng_state() if self._in_epoch else self.rng_state,
+            "shuffle_rng": self._shuffle_gen.get_state() if self._shuffle_gen is not None else None,
             "epoch_stats": asdict(self.epoch_stats),
             "history": [asdict(h) for h in self.history],
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        self.encoder.load_state_dict(state["encoder_q"])
+        self.model.encoder_k.load_state_dict(state["encoder_k"])
+        self.model.queue.load_state_dict(state["queue"])
+        self.model.step.copy_(state["moco_step"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.rng_state = state["rng"]
+        if self._shuffle_gen is not None and state.get("shuffle_rng") is not None:
+            self._shuffle_gen.set_state(state["shuffle_rng"])
         self.epoch_stats = EpochStats(**state["epoch_stats"])
         self.history = [EpochRecord(**h) for h in state["history"]]
 
     # ------------------------------------------------------------------ training
     _in_epoch = False
+
+    @property
+    def _shuffle_gen(self) -> torch.Generator | None:
+        return getattr(self.model.shuffler, "generator", None)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
     def train_epoch(self, progress: Callable[[str], None] | None = None,
                     on_step: Callable[["Trainer"], None] | None = None) -> tuple[float, float, float, bool]:
@@ -243,7 +269,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- evaluation
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        return extract_features(self.model.encoder_q.backbone, images, self.device)
+        return extract_features(self.encoder.backbone, images, self.device)
 
     def knn(self) -> float:
         e = self.cfg.eval
@@ -261,10 +287,15 @@ class Trainer:
 
 
 def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None = None,
+                 on_step: Callable[[Trainer], None] | None = None,
                  progress: Callable[[str], None] | None = print, trainer: Trainer | None = None,
                  measure_init: bool = False) -> TrainResult:
     """Train to the end, monitoring kNN per epoch; finish with kNN and the linear probe.
 
+    With several ranks every rank calls this in lockstep (``on_epoch`` and
+    ``on_step`` run on all of them, so Ray's report barrier is met); the
+    monitors and the probe run on rank 0 only, and other ranks return None
+    for them.  A trainer restored from a checkpoint continues where it was.
     A diverged run stops at once and returns its last loss with ``diverged``
     set; its monitors are not run (the encoder is garbage by definition).
     """
@@ -273,30 +304,33 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         torch.set_num_threads(cfg.run.threads)
     t_start = time.perf_counter()
     tr = trainer or Trainer(cfg)
+    main = tr.is_main
     say(f"mocolab: {cfg.data.name} ({len(tr.train_set)} train / {len(tr.test_set)} test), "
-        f"{cfg.model.backbone}, m={cfg.moco.m}, K={cfg.queue.size}, batch={cfg.optim.batch_size}, "
-        f"{tr.total_steps} steps on {tr.device} with {torch.get_num_threads()} threads")
-    knn_init = tr.knn() if measure_init else None
+        f"{cfg.model.backbone}, m={cfg.moco.m}, K={cfg.queue.size}, batch={cfg.optim.batch_size} "
+        f"on {tr.world_size} rank(s), {tr.total_steps} steps on {tr.device} with {torch.get_num_threads()} threads"
+        + (f", resuming at step {tr.step}" if tr.step else ""))
+    knn_init = tr.knn() if measure_init and main else None
     if knn_init is not None:
         say(f"  kNN top-1 at initialisation: {100 * knn_init:.2f}%")
-    loss = float("nan")
+    loss = tr.history[-1].loss if tr.history else float("nan")
     diverged = False
     e = cfg.eval
+    start_step = tr.step
     while tr.step < tr.total_steps:
         t0 = time.perf_counter()
-        loss, pretext, rate, diverged = tr.train_epoch(progress=say)
+        loss, pretext, rate, diverged = tr.train_epoch(progress=say, on_step=on_step)
         if diverged:
             say(f"  diverged at step {tr.step}: loss {loss}")
             break
         last = tr.step >= tr.total_steps
-        knn = tr.knn() if (e.knn_every and tr.epoch % e.knn_every == 0) or last else None
+        due = (e.knn_every and tr.epoch % e.knn_every == 0) or last
+        knn = tr.knn() if main and due else None
         s_mean, s_max = tr.model.queue.staleness(tr.step)
         rec = EpochRecord(tr.epoch, tr.step, loss, lr_at(cfg, tr.step - 1, tr.total_steps), cfg.moco.m, pretext,
                           knn, rate, s_mean, s_max, cfg.ema_half_life, cfg.max_staleness,
                           time.perf_counter() - t0)
         tr.history.append(rec)
-        elapsed = time.perf_counter() - t_start
-        eta = elapsed / tr.step * (tr.total_steps - tr.step)
+        eta = (time.perf_counter() - t_start) / max(1, tr.step - start_step) * (tr.total_steps - tr.step)
         knn_txt = f"kNN {100 * knn:.2f}%" if knn is not None else "kNN -"
         say(f"epoch {tr.epoch:3d}  step {tr.step:6d}/{tr.total_steps}  loss {loss:.4f}  pretext {100 * pretext:.1f}%  "
             f"{knn_txt}  {rate:.0f} img/s  ETA {_fmt_time(eta)}")
@@ -304,7 +338,9 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
             on_epoch(rec)
     if diverged:
         return TrainResult(None, None, loss, tr.step, True, tr.history, knn_init)
-    knn_final = tr.history[-1].knn_top1 if tr.history else tr.knn()
+    if not main:
+        return TrainResult(None, None, loss, tr.step, False, tr.history, knn_init)
+    knn_final = tr.history[-1].knn_top1 if tr.history and tr.history[-1].knn_top1 is not None else tr.knn()
     say("linear probe on frozen features ...")
     linear = tr.probe()
     say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "

@@ -1,0 +1,308 @@
+"""MoCo across W processes: shuffle BN across ranks, and the two queue layouts.
+
+Pure PyTorch + ``torch.distributed`` (any backend: gloo on CPU, NCCL on GPUs);
+every tensor a collective touches lives on the input's device.  With the
+process group not initialised everything degrades to one process (W = 1).
+
+Notation in the comments: B = per-rank batch, W = world size, G = B·W the
+global batch, K = global queue size, C = embedding dim.
+
+Queue layouts (DESIGN.md, "Queue: replicated and sharded").  Logically there
+is one FIFO of K keys; batch n of the global stream (G keys, rank-major: rank
+0's B keys, then rank 1's, ...) occupies global slots ``(n mod K/G)·G ..+G``.
+
+- ``ReplicatedKeyQueue``: every rank holds all K slots and all-gathers the
+  keys before enqueueing them (the MoCo reference).  Memory O(K) per rank.
+- ``ShardedKeyQueue``: rank r holds the K/W slots ``n·G + r·B + i`` (i < B),
+  i.e. its own B keys of every batch, in its own ring at local slot ``n·B+i``.
+  Both rings wrap after K/G batches, so the union of the shards is the
+  replicated queue's key set at every step.  Logits are computed where the
+  keys live and the softmax denominator is combined across ranks.  Memory
+  O(K/W) per rank; per step only G×C queries and G-sized vectors travel.
+
+All collectives here are called in the same order on every rank: ``contrast``,
+``enqueue`` and the shuffler must be called in lockstep by all ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .norm import LocalShuffle, NoShuffle
+from .queue import KeyQueue
+
+LAYOUTS = ("replicated", "sharded")
+
+# gloo gained reduce_scatter in torch 2.8; older gloo falls back to all_reduce + slice.
+_TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the default process group; (0, 1) when there is none."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_gather_cat(x: torch.Tensor) -> torch.Tensor:
+    """x: n×… on every rank -> (W·n)×…, rank-major.  No autograd."""
+    _, world = rank_and_world()
+    if world == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x)
+    return torch.cat(parts)
+
+
+def _reduce_scatter_sum(x: torch.Tensor) -> torch.Tensor:
+    """x: (W·n)×… on every rank -> n×…: this rank's rows, summed over ranks.  No autograd."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return x
+    chunks = list(x.contiguous().chunk(world))
+    if dist.get_backend() == "gloo" and _TORCH_VERSION < (2, 8):
+        total = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(total)
+        return total.chunk(world)[rank].clone()
+    out = torch.empty_like(chunks[rank])
+    dist.reduce_scatter(out, chunks)
+    return out
+
+
+@torch.no_grad()
+def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
+    """All-gather along dim 0 (B×… -> (B·W)×…, rank-major), outside autograd."""
+    return _all_gather_cat(x.detach())
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward sums the gradient every rank computed for our rows (reduce-scatter).
+
+    The adjoint of all-gather: rank s's graph uses our rows, so their gradient
+    comes back to us from every rank.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return _all_gather_cat(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return _reduce_scatter_sum(grad)
+
+
+class _ReduceScatterWithGrad(torch.autograd.Function):
+    """Reduce-scatter (sum); its backward all-gathers the gradients (its adjoint)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return _reduce_scatter_sum(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return _all_gather_cat(grad)
+
+
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """All-gather along dim 0 (B×… -> (B·W)×…) carrying autograd back to the rows' owners."""
+    return _GatherWithGrad.apply(x) if rank_and_world()[1] > 1 else x
+
+
+def reduce_scatter_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """(B·W)×… -> B×… (this rank's rows summed over ranks), carrying autograd."""
+    return _ReduceScatterWithGrad.apply(x) if rank_and_world()[1] > 1 else x
+
+
+# ---------------------------------------------------------------------------------------------
+# Shuffle BN across ranks
+
+
+class CrossRankShuffle:
+    """MoCo's shuffle BN: keys are computed on a batch permuted across all ranks.
+
+    Each rank's BN then normalises the keys with statistics of samples that
+    (mostly) came from other ranks, while its queries used its own samples, so
+    the pretext task cannot be solved by matching batch statistics.  One
+    permutation of the G = B·W samples is drawn on rank 0, from a generator
+    this object owns (seeded here, so runs are reproducible), and broadcast.
+    Same interface as ``norm.LocalShuffle``; keys are computed under no_grad,
+    so nothing here carries autograd.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def shuffle(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: B×… (this rank's key images) -> (B×… shuffled slice, restore indices B)."""
+        rank, world = rank_and_world()
+        b = x.shape[0]
+        x_all = gather_no_grad(x)  # (B·W)×…, rank-major
+        if rank == 0:
+            perm = torch.randperm(b * world, generator=self.generator).to(x.device)
+        else:
+            perm = torch.empty(b * world, dtype=torch.long, device=x.device)
+        if world > 1:
+            dist.broadcast(perm, src=0)
+        # gathered position j of the shuffled stream holds sample perm[j]; sample i sits at argsort(perm)[i]
+        restore = torch.argsort(perm).view(world, b)[rank]  # B: where this rank's samples went
+        return x_all[perm.view(world, b)[rank]], restore
+
+    @torch.no_grad()
+    def unshuffle(self, k: torch.Tensor, restore: torch.Tensor) -> torch.Tensor:
+        """k: B×C keys of the shuffled slice -> B×C keys of this rank's original samples, in order."""
+        return gather_no_grad(k)[restore]  # (B·W)×C -> B×C
+
+
+def build_shuffler(bn_mode: str, generator_seed: int | None = None):
+    """The key-batch shuffler for ``moco.bn``.
+
+    shuffle -> CrossRankShuffle (seed ``generator_seed``, 0 if None); split ->
+    LocalShuffle (own generator when a seed is given, else the global RNG);
+    plain / sync -> NoShuffle (sync normalises over the global batch, so there
+    is nothing to hide).
+    """
+    if bn_mode == "shuffle":
+        return CrossRankShuffle(0 if generator_seed is None else generator_seed)
+    if bn_mode == "split":
+        gen = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
+        return LocalShuffle(gen)
+    if bn_mode in ("plain", "sync"):
+        return NoShuffle()
+    raise ValueError(f"moco.bn: unknown mode {bn_mode!r}; allowed shuffle, split, sync, plain")
+
+
+# ---------------------------------------------------------------------------------------------
+# Queue layouts
+
+
+class ReplicatedKeyQueue(KeyQueue):
+    """Every rank holds all K keys; ``enqueue`` all-gathers the B·W keys first.
+
+    Construct with ``batch_size`` = the global batch B·W.  ``contrast`` is
+    KeyQueue's, local: this rank's B queries against all K keys.  Keep the
+    buffers out of DDP's per-step buffer broadcast (K×C each step otherwise).
+    """
+
+    @torch.no_grad()
+    def enqueue(self, keys: torch.Tensor, step: int) -> None:
+        """keys: B×C on this rank; enqueues the global (B·W)×C batch, rank-major."""
+        super().enqueue(gather_no_grad(keys), step)
+
+
+class ShardedKeyQueue(KeyQueue):
+    """Rank r holds K/W of the K slots: its own B keys of every global batch.
+
+    Buffers (``keys`` (K/W)×C, ``write_step``, ``ptr``) are this rank's ring;
+    ``size`` = K/W and ``batch_size`` = B locally, ``global_size`` = K.  Local
+    slot ``n·B + i`` is global slot ``n·G + r·B + i`` of the replicated queue
+    (G = B·W); both rings wrap after K/G batches, so the union of the shards
+    equals the replicated queue at every step.  The random initial keys are
+    drawn as the full K×C from ``generator`` and sliced the same way, so both
+    layouts start from the same negatives (and consume the same RNG draws).
+
+    Loss (``contrast``): the local InfoNCE of this rank's B queries against all
+    K keys, the same value ReplicatedKeyQueue.contrast returns on this rank.
+    It is computed where the keys live: the queries are all-gathered with
+    autograd, scored against the local shard, and the softmax denominator is
+    summed across ranks (reduce-scatter, with autograd).  Backward sends every
+    query's gradient back to its owner, and rank r's loss depends only on rank
+    r's queries, so the gradient each rank's query encoder receives equals the
+    replicated layout's on that rank; hence also the average over ranks (what
+    DDP computes) equals the replicated average, which is the gradient of the
+    global mean loss over the B·W queries.  (tests/test_dist.py checks both.)
+    A state dict holds this rank's shard only: checkpoint every rank's (or
+    ``gather_queue_state``), and keep the buffers out of DDP's buffer
+    broadcast, which would overwrite every shard with rank 0's.
+    """
+
+    def __init__(self, size: int, dim: int, batch_size: int, generator: torch.Generator | None = None,
+                 *, rank: int | None = None, world_size: int | None = None) -> None:
+        r0, w0 = rank_and_world()
+        rank = r0 if rank is None else rank
+        world = w0 if world_size is None else world_size
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} / world size {world} are inconsistent")
+        if batch_size <= 0:
+            raise ValueError(f"per-rank batch: {batch_size} must be > 0")
+        g = batch_size * world
+        if size <= 0 or size % g:
+            raise ValueError(f"queue.size: {size} must be a positive multiple of world size × per-rank batch "
+                             f"= {world}×{batch_size} = {g} for the sharded layout")
+        # The base draws its own random init; give it a throwaway generator and overwrite below.
+        super().__init__(size // world, dim, batch_size, generator=torch.Generator().manual_seed(0))
+        self.rank, self.world_size, self.global_size = rank, world, size
+        full = F.normalize(torch.randn(size, dim, generator=generator), dim=1)  # K×C, as KeyQueue draws it
+        self.keys.copy_(full.view(size // g, world, batch_size, dim)[:, rank].reshape(size // world, dim))
+
+    def contrast(self, q: torch.Tensor, l_pos: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: B×C this rank's queries, l_pos: B×1 -> (mean InfoNCE over this rank's B queries, correct B).
+
+        Equal (to float tolerance) to KeyQueue.contrast of q against all K keys.
+        """
+        b = q.shape[0]
+        if b != self.batch_size:
+            raise ValueError(f"contrast got {b} queries; the queue was built for batches of {self.batch_size}")
+        rank, world = self.rank, self.world_size
+        queries = gather_with_grad(q)  # (B·W)×C, rank-major; gradients go back to their owners
+        neg = self.negative_logits(queries) / tau  # (B·W)×(K/W): every query against the local shard
+        with torch.no_grad():  # global max negative per query: the LSE shift, and what a positive must beat
+            m = neg.max(dim=1).values  # B·W
+            if world > 1:
+                dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        # exp(neg - m) <= 1, and the arg-max term is 1 on its rank, so the summed S >= 1: no overflow, no log 0
+        part = torch.exp(neg - m[:, None]).sum(dim=1)  # B·W partial denominators of this shard
+        s = reduce_scatter_with_grad(part)  # B: this rank's queries, summed over all K negatives
+        m_own = m.view(world, b)[rank]  # B
+        pos = l_pos.squeeze(1) / tau  # B
+        lse = torch.logaddexp(pos, m_own + torch.log(s))  # B: log Σ over [positive, all K negatives]
+        loss = (lse - pos).mean()
+        correct = pos.detach() >= m_own  # ties go to the positive, as argmax(...) == 0 does
+        return loss, correct
+
+    @torch.no_grad()
+    def _global_order(self, local: torch.Tensor) -> torch.Tensor:
+        """local: (K/W)×… this rank's slots -> K×… in global (replicated) slot order, oldest first."""
+        world, b, g = self.world_size, self.batch_size, self.batch_size * self.world_size
+        parts = _all_gather_cat(local.contiguous()).view(world, self.global_size // g, b, *local.shape[1:])
+        flat = parts.transpose(0, 1).reshape(self.global_size, *local.shape[1:])  # slot n·G + r·B + i
+        p = int(self.ptr) // b * g  # the replicated queue's ptr
+        return torch.cat([flat[p:], flat[:p]])
+
+    def ordered_global(self) -> torch.Tensor:
+        """All K keys oldest first, on every rank, in the replicated queue's order (a K×C gather: tests only)."""
+        return self._global_order(self.keys)
+
+    def ordered_write_step_global(self) -> torch.Tensor:
+        return self._global_order(self.write_step)
+
+
+def gather_queue_state(queue: KeyQueue) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys K×C, write_step K) of the logical queue, oldest first, on every rank, for any layout.
+
+    For tests and checkpoints, never per step: the sharded layout gathers K×C.
+    """
+    if isinstance(queue, ShardedKeyQueue):
+        return queue.ordered_global(), queue.ordered_write_step_global()
+    p = int(queue.ptr)
+    return queue.ordered(), torch.cat([queue.write_step[p:], queue.write_step[:p]])
+
+
+def build_queue(layout: str, size: int, dim: int, per_rank_batch: int,
+                generator: torch.Generator | None = None) -> KeyQueue:
+    """The queue for ``queue.layout`` in the current process group.
+
+    One process: KeyQueue (both layouts are the same thing).  Replicated:
+    K slots per rank, built for the global batch B·W.  Sharded: K/W slots.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"queue.layout: unknown layout {layout!r}; allowed {', '.join(LAYOUTS)}")
+    _, world = rank_and_world()
+    if world == 1:
+        return KeyQueue(size, dim, per_rank_batch, generator=generator)
+    if layout == "replicated":
+        return ReplicatedKeyQueue(size, dim, per_rank_batch * world, generator=generator)
+    return ShardedKeyQueue(size, dim, per_rank_batch, generator=generator)

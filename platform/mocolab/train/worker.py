@@ -1,0 +1,93 @@
+"""``train_loop_per_worker``: the plain training loop with Ray at its edges.
+
+Ray enters in four places only: the rank/world context, the device,
+``ray.train.get_checkpoint`` on start, and ``ray.train.report`` with a
+checkpoint at every epoch end (and every ``run.checkpoint_every`` steps).
+Rank 0 logs to MLflow by run id; the driver owns the run's life.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..config import from_dict
+from ..loop import EpochRecord, Trainer, run_training
+from ..tracking import MetricsLogger
+from .checkpoint import load_rank_state, save_rank_state
+
+
+def _report(trainer: Trainer, config: dict, metrics: dict, local_dir: Path | None = None) -> None:
+    """Report metrics with a checkpoint.  Ray's local mode (W = 0) does not persist checkpoints,
+    so there the state is also kept in ``local_dir`` for a later run of the same name."""
+    import ray.train
+
+    if local_dir is not None:
+        local_dir.mkdir(parents=True, exist_ok=True)
+        save_rank_state(trainer.state_dict(), config, local_dir, 0, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_rank_state(trainer.state_dict(), config, tmp, trainer.rank, trainer.world_size)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+
+def _maybe_inject_fault(trainer: Trainer, fault_step: int, marker: Path) -> None:
+    """Testing aid: the last rank dies hard at ``fault_step``, once per run (a marker file remembers)."""
+    if fault_step and trainer.step == fault_step and trainer.rank == trainer.world_size - 1 \
+            and not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"worker exited at step {fault_step}\n")
+        os._exit(17)
+
+
+def train_loop_per_worker(loop_config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    cfg = from_dict(loop_config["config"])
+    if cfg.run.threads or cfg.run.num_workers > 0:  # Ray sets OMP threads, not torch's: use the CPU share
+        torch.set_num_threads(cfg.run.threads or max(1, int(cfg.run.cpus_per_worker)))
+    device = ray.train.torch.get_device() if cfg.run.gpus_per_worker > 0 else torch.device("cpu")
+    trainer = Trainer(cfg, device=device)
+    checkpoint = ray.train.get_checkpoint()
+    local_dir = Path(loop_config["run_dir"]) / "local-checkpoint"
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            state, _ = load_rank_state(folder, trainer.rank, trainer.world_size)
+        trainer.load_state_dict(state)
+    elif cfg.run.num_workers == 0 and (local_dir / "rank0.pt").is_file():
+        state, _ = load_rank_state(local_dir, 0, 1)
+        trainer.load_state_dict(state)
+
+    logger = None
+    if trainer.is_main and loop_config.get("mlflow_run_id"):
+        logger = MetricsLogger(loop_config["tracking_uri"], loop_config["mlflow_run_id"])
+    marker = Path(loop_config["run_dir"]) / ".fault-injected"
+    every = cfg.run.checkpoint_every
+    keep = local_dir if cfg.run.num_workers == 0 else None
+
+    def on_step(tr: Trainer) -> None:
+        _maybe_inject_fault(tr, cfg.run.fault_step, marker)
+        if every and tr.step % every == 0 and tr.step % tr.steps_per_epoch and tr.step < tr.total_steps:
+            _report(tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
+
+    def on_epoch(rec: EpochRecord) -> None:
+        metrics = rec.metrics()
+        if logger is not None:
+            logger.log(metrics, rec.step)
+        _report(trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
+
+    result = run_training(cfg, trainer=trainer, on_epoch=on_epoch, on_step=on_step,
+                          progress=print if trainer.is_main else None)
+    final = {"final": 1.0, "steps": float(result.steps), "diverged": float(result.diverged),
+             "final_loss": result.final_loss}
+    if result.linear_top1 is not None:
+        final.update(linear_top1=result.linear_top1, knn_top1=result.knn_top1)
+    if logger is not None:
+        logger.log_final({k: v for k, v in final.items() if k in ("linear_top1", "knn_top1", "final_loss")},
+                         result.steps)
+        if result.diverged:
+            logger.set_tag("mocolab.diverged_at_step", str(result.steps))
+    _report(trainer, loop_config["config"], final, keep)

@@ -1,0 +1,343 @@
+"""Distributed MoCo pieces on real gloo process groups (W spawned CPU processes, no mocks).
+
+Each multi-process test runs a module-level function on every rank through
+``launch``; ranks write their results to tmp_path and report success or their
+traceback through a queue, so a failing rank fails the test.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from mocolab.dist import (CrossRankShuffle, ShardedKeyQueue, build_queue, build_shuffler, gather_queue_state,
+                          rank_and_world)
+from mocolab.norm import LocalShuffle, NoShuffle
+from mocolab.queue import KeyQueue
+
+TIMEOUT_S = 120.0
+
+
+# --------------------------------------------------------------------------------------------- launcher
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank: int, world: int, port: int, out_dir: str, args: tuple, reports) -> None:
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        try:
+            result = fn(rank, world, *args)
+            torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        finally:
+            dist.destroy_process_group()
+        reports.put(("ok", rank, ""))
+    except BaseException:  # noqa: BLE001 - everything goes back to the test
+        reports.put(("error", rank, traceback.format_exc()))
+
+
+def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S) -> list:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned gloo processes; return their results by rank.
+
+    Fails the test on the first rank that raises (with its traceback), on a
+    rank that dies without reporting, and on timeout.
+    """
+    ctx = mp.get_context("spawn")
+    reports = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(tmp_path), args, reports), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    done: set[int] = set()
+    try:
+        while len(done) < world:
+            try:
+                status, rank, text = reports.get(timeout=0.5)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in done and p.exitcode not in (None, 0)]
+                if dead:
+                    pytest.fail(f"rank(s) {dead} died without reporting (exit codes "
+                                f"{[procs[r].exitcode for r in dead]})")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"timed out after {timeout:.0f} s; ranks done: {sorted(done)}")
+                continue
+            if status != "ok":
+                pytest.fail(f"rank {rank} of {world} failed:\n{text}")
+            done.add(rank)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+# --------------------------------------------------------------------------------------------- layouts
+
+DIM, IN, TAU, LR, STEPS, QUEUE_SEED = 8, 6, 0.2, 0.5, 7, 1
+
+
+def _make_model() -> nn.Module:
+    """A tiny per-sample encoder (no BN), identical wherever it is built."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(IN, 16), nn.Tanh(), nn.Linear(16, DIM))
+
+
+def _global_batch(step: int, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global query and key inputs of a step: G×IN each, the same on every rank."""
+    gen = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(g, IN, generator=gen)
+    return x + 0.1 * torch.randn(g, IN, generator=gen), x + 0.1 * torch.randn(g, IN, generator=gen)
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _train_layout(rank: int, world: int, layout: str, b: int, k: int) -> dict:
+    """STEPS SGD steps of one layout; gradients averaged across ranks as DDP would."""
+    model, key_encoder = _make_model(), _make_model()
+    queue = build_queue(layout, k, DIM, b, generator=torch.Generator().manual_seed(QUEUE_SEED))
+    out: dict = {"loss": [], "grad_local": [], "grad_avg": [], "correct": [], "keys": [], "write_step": [],
+                 "raw_keys": [], "raw_write_step": [], "queue_numel": queue.keys.numel()}
+    for step in range(STEPS):
+        xq, xk = (x[rank * b:(rank + 1) * b] for x in _global_batch(step, b * world))
+        q = F.normalize(model(xq), dim=1)  # B×C
+        with torch.no_grad():
+            kk = F.normalize(key_encoder(xk), dim=1)  # B×C
+        l_pos = (q * kk).sum(1, keepdim=True)
+        loss, correct = queue.contrast(q, l_pos, TAU)
+        model.zero_grad()
+        loss.backward()
+        out["grad_local"].append(_grads(model))
+        for p in model.parameters():  # DDP: all_reduce then / W
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        out["grad_avg"].append(_grads(model))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+        queue.enqueue(kk, step)
+        out["loss"].append(loss.detach())
+        out["correct"].append(correct)
+        keys, ws = gather_queue_state(queue)
+        out["keys"].append(keys)
+        out["write_step"].append(ws)
+        raw = [torch.empty_like(queue.keys) for _ in range(world)]  # the shards as they are, for the set check
+        dist.all_gather(raw, queue.keys)
+        raw_ws = [torch.empty_like(queue.write_step) for _ in range(world)]
+        dist.all_gather(raw_ws, queue.write_step)
+        out["raw_keys"].append(torch.cat(raw))
+        out["raw_write_step"].append(torch.cat(raw_ws))
+    return out
+
+
+def _both_layouts(rank: int, world: int, b: int, k: int) -> dict:
+    assert rank_and_world() == (rank, world)
+    return {layout: _train_layout(rank, world, layout, b, k) for layout in ("replicated", "sharded")}
+
+
+def _ground_truth(g: int, k: int) -> dict:
+    """One process, one KeyQueue, the whole global batch: what both layouts must reproduce."""
+    model, key_encoder = _make_model(), _make_model()
+    queue = KeyQueue(k, DIM, g, generator=torch.Generator().manual_seed(QUEUE_SEED))
+    out: dict = {"loss": [], "grad": [], "correct": [], "keys": []}
+    for step in range(STEPS):
+        xq, xk = _global_batch(step, g)
+        q = F.normalize(model(xq), dim=1)
+        with torch.no_grad():
+            kk = F.normalize(key_encoder(xk), dim=1)
+        loss, correct = queue.contrast(q, (q * kk).sum(1, keepdim=True), TAU)
+        model.zero_grad()
+        loss.backward()
+        out["grad"].append(_grads(model))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+        queue.enqueue(kk, step)
+        out["loss"].append(loss.detach())
+        out["correct"].append(correct)
+        out["keys"].append(gather_queue_state(queue))
+    return out
+
+
+def _row_set(x: torch.Tensor) -> list[tuple[float, ...]]:
+    return sorted(tuple(r) for r in x.tolist())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_matches_replicated_and_single_process(world, tmp_path):
+    b = 3
+    g = b * world
+    k = 3 * g  # wraps after 3 steps: STEPS = 7 goes round twice
+    res = launch(_both_layouts, world, tmp_path, b, k)
+    gt = _ground_truth(g, k)
+    rep = [r["replicated"] for r in res]
+    sh = [r["sharded"] for r in res]
+    assert sh[0]["queue_numel"] * world == rep[0]["queue_numel"] == k * DIM  # O(K/W) memory per rank
+    for step in range(STEPS):
+        ctx = f"step {step}"
+        # loss: per rank equal, and the rank average equals the global loss
+        for r in range(world):
+            torch.testing.assert_close(sh[r]["loss"][step], rep[r]["loss"][step], atol=1e-5, rtol=1e-5, msg=ctx)
+        mean_loss = torch.stack([sh[r]["loss"][step] for r in range(world)]).mean()
+        torch.testing.assert_close(mean_loss, gt["loss"][step], atol=1e-5, rtol=1e-5, msg=ctx)
+        # gradients: per rank before averaging (the stronger property), and DDP's average
+        for r in range(world):
+            for a, c in zip(sh[r]["grad_local"][step], rep[r]["grad_local"][step]):
+                torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-4, msg=ctx)
+            for a, c, t in zip(sh[r]["grad_avg"][step], rep[r]["grad_avg"][step], gt["grad"][step]):
+                torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-4, msg=ctx)
+                torch.testing.assert_close(a, t, atol=1e-5, rtol=1e-4, msg=ctx)
+        # pretext accuracy agrees query by query
+        sh_correct = torch.cat([sh[r]["correct"][step] for r in range(world)])
+        assert torch.equal(sh_correct, torch.cat([rep[r]["correct"][step] for r in range(world)])), ctx
+        assert torch.equal(sh_correct, gt["correct"][step]), ctx
+        # queue contents: union of shards == replicated keys, as row sets and in FIFO order, with write steps
+        rep_keys = rep[0]["raw_keys"][step][:k]  # rank 0's full replicated queue
+        assert _row_set(sh[0]["raw_keys"][step]) == _row_set(rep_keys), ctx
+        assert sorted(sh[0]["raw_write_step"][step].tolist()) == sorted(rep[0]["raw_write_step"][step][:k].tolist())
+        for r in range(world):
+            assert torch.equal(sh[r]["keys"][step], rep[r]["keys"][step]), ctx
+            assert torch.equal(sh[r]["write_step"][step], rep[r]["write_step"][step]), ctx
+            assert torch.equal(rep[r]["keys"][step], rep[0]["keys"][step]), ctx  # replicas agree
+        gt_keys, gt_ws = gt["keys"][step]
+        torch.testing.assert_close(sh[0]["keys"][step], gt_keys, atol=1e-6, rtol=1e-5, msg=ctx)
+        assert torch.equal(sh[0]["write_step"][step], gt_ws), ctx
+    # the ring did wrap: after the last step the oldest key is from step STEPS - K/G
+    assert sh[0]["write_step"][-1].min().item() == STEPS - k // g
+
+
+# --------------------------------------------------------------------------------------------- shuffle
+
+def _shuffle_worker(rank: int, world: int, b: int) -> dict:
+    torch.manual_seed(0)
+    f = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5)).eval()  # per-sample in eval mode
+    with torch.no_grad():
+        f[1].running_mean.uniform_(-1, 1)
+        f[1].running_var.uniform_(0.5, 2)
+    ids = torch.arange(rank * b, (rank + 1) * b, dtype=torch.float32)
+    x = torch.cat([ids[:, None], torch.randn(b, 3, generator=torch.Generator().manual_seed(rank))], 1)  # B×4
+    out = {}
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        sh = CrossRankShuffle(seed)
+        xs, restore = sh.shuffle(x)
+        with torch.no_grad():
+            k = sh.unshuffle(f(xs), restore)
+            direct = f(x)
+        out[name] = {"shuffled_ids": xs[:, 0].long(), "unshuffled": k, "direct": direct}
+    return out
+
+
+def test_cross_rank_shuffle_roundtrip_and_mixing(tmp_path):
+    world, b = 2, 8
+    res = launch(_shuffle_worker, world, tmp_path, b)
+    for r in range(world):
+        for name in "abc":
+            torch.testing.assert_close(res[r][name]["unshuffled"], res[r][name]["direct"], atol=1e-6, rtol=1e-5)
+    for name in "abc":
+        ids = [res[r][name]["shuffled_ids"] for r in range(world)]
+        assert sorted(torch.cat(ids).tolist()) == list(range(world * b))  # one permutation of all samples
+        assert any(((i // b) != r).any() for r, i in enumerate(ids))  # samples really crossed ranks
+    for r in range(world):
+        assert torch.equal(res[r]["a"]["shuffled_ids"], res[r]["b"]["shuffled_ids"])  # same seed, same perm
+    assert any(not torch.equal(res[r]["a"]["shuffled_ids"], res[r]["c"]["shuffled_ids"]) for r in range(world))
+
+
+def _moco_worker(rank: int, world: int, b: int, k: int) -> dict:
+    """MoCo with shuffle BN (train-mode BN) and each queue layout as drop-in parts."""
+    from mocolab.models import build_encoder
+    from mocolab.moco import MoCo
+
+    out = {}
+    for layout in ("replicated", "sharded"):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            encoder = build_encoder("convnet", 1, width=4, head="mlp", dim=DIM)
+        queue = build_queue(layout, k, DIM, b, generator=torch.Generator().manual_seed(QUEUE_SEED))
+        model = MoCo(encoder, queue, m=0.9, tau=TAU, shuffler=build_shuffler("shuffle", 3))
+        opt = torch.optim.SGD(model.encoder_q.parameters(), lr=0.1)
+        losses, accs = [], []
+        for step in range(3):
+            gen = torch.Generator().manual_seed(step)
+            im = torch.randn(b * world, 1, 8, 8, generator=gen)[rank * b:(rank + 1) * b]
+            res = model(im + 0.1 * torch.randn(im.shape, generator=gen), im)
+            opt.zero_grad()
+            res.loss.backward()
+            for p in model.encoder_q.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            opt.step()
+            losses.append(res.loss.detach())
+            accs.append(res.pretext_accuracy)
+        out[layout] = {"loss": torch.stack(losses), "acc": accs, "queue": gather_queue_state(model.queue)[0]}
+    return out
+
+
+def test_moco_drop_in_with_shuffle_bn(tmp_path):
+    world, b = 2, 4
+    res = launch(_moco_worker, world, tmp_path, b, 2 * b * world)
+    for r in range(world):
+        torch.testing.assert_close(res[r]["sharded"]["loss"], res[r]["replicated"]["loss"], atol=1e-5, rtol=1e-5)
+        assert res[r]["sharded"]["acc"] == res[r]["replicated"]["acc"]
+        torch.testing.assert_close(res[r]["sharded"]["queue"], res[r]["replicated"]["queue"], atol=1e-6, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- single process
+
+@pytest.mark.parametrize("size, b, world", [(12, 4, 2), (10, 5, 4), (0, 4, 2)])
+def test_sharded_size_must_be_multiple_of_global_batch(size, b, world):
+    with pytest.raises(ValueError, match="queue.size"):
+        ShardedKeyQueue(size, 3, b, rank=0, world_size=world)
+
+
+def test_sharded_init_is_slice_of_replicated_init():
+    b, world, k, c = 2, 3, 12, 4
+    full = KeyQueue(k, c, b * world, generator=torch.Generator().manual_seed(5)).keys
+    shards = [ShardedKeyQueue(k, c, b, torch.Generator().manual_seed(5), rank=r, world_size=world).keys
+              for r in range(world)]
+    for r, s in enumerate(shards):  # local slot n·B + i is global slot n·G + r·B + i
+        for n in range(k // (b * world)):
+            assert torch.equal(s[n * b:(n + 1) * b], full[n * b * world + r * b:n * b * world + (r + 1) * b])
+
+
+def test_unknown_layout_and_bn_mode():
+    with pytest.raises(ValueError, match="queue.layout"):
+        build_queue("striped", 16, 4, 4)
+    with pytest.raises(ValueError, match="moco.bn"):
+        build_shuffler("ghost")
+
+
+def test_single_process_builders():
+    assert rank_and_world() == (0, 1)
+    for layout in ("replicated", "sharded"):
+        q = build_queue(layout, 16, 4, 4)
+        assert type(q) is KeyQueue and q.size == 16
+    assert isinstance(build_shuffler("shuffle", 3), CrossRankShuffle)
+    assert isinstance(build_shuffler("split", 3), LocalShuffle)
+    assert isinstance(build_shuffler("plain"), NoShuffle) and isinstance(build_shuffler("sync"), NoShuffle)
+    x = torch.arange(6.0).view(6, 1)
+    sh = CrossRankShuffle(0)  # one process: a local permutation that round-trips
+    xs, restore = sh.shuffle(x)
+    assert sorted(xs.view(-1).tolist()) == x.view(-1).tolist()
+    assert torch.equal(sh.unshuffle(xs, restore), x)

@@ -1,0 +1,83 @@
+"""MLflow tracking against a real ``mlflow server`` process on 127.0.0.1, and URI resolution."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mocolab.config import build_config
+from mocolab.data import fashion_mnist_dir
+from mocolab.tracking import check_tracking_uri, resolve_tracking_uri
+from mocolab.train import fit
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not answer /health within 120 s")
+    yield url
+    os.killpg(proc.pid, 15)  # the server and its workers, started by this fixture only
+    proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
+def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
+    cfg = build_config("smoke", {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500,
+                                 "eval.linear_train": 1024, "eval.linear_steps": 20, "optim.max_steps": 10,
+                                 "queue.size": 512, "run.output_dir": str(tmp_path / "runs"),
+                                 "run.name": "over-http", "run.experiment": "server-test"})
+    out = fit(cfg, tracking_uri=mlflow_server, progress=lambda _m: None)  # W = 0: Ray Train local mode
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(out.mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["mocolab.status"] == "finished"
+    assert run.data.metrics["linear_top1"] == pytest.approx(out.linear_top1)
+    assert sorted(m.step for m in client.get_metric_history(out.mlflow_run_id, "loss")) == [8, 10]
+    assert run.data.params["run.name"] == "over-http"
+    assert (tmp_path / "artifacts").exists()  # the config artifact went through the server
+
+
+def test_tracking_uri_resolution(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert resolve_tracking_uri() == "http://127.0.0.1:5000"
+    assert resolve_tracking_uri("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_unwritable_sqlite_folder_is_an_error():
+    with pytest.raises(ValueError, match="not writable"):
+        check_tracking_uri("sqlite:////nonexistent-folder/mlflow.db")

@@ -1,0 +1,115 @@
+"""Ray Train runs: checkpoints, resume, a worker that dies, MLflow per run (real Ray, real MLflow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from mocolab.config import build_config
+from mocolab.data import fashion_mnist_dir
+from mocolab.loop import Trainer
+from mocolab.train import fit
+from mocolab.train.checkpoint import load_rank_state, save_rank_state
+
+pytestmark = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
+
+TINY = {"data.subset": 2048, "eval.knn_bank": 2048, "eval.knn_test": 1000, "eval.linear_train": 2048,
+        "eval.linear_steps": 30, "optim.max_steps": 24}  # 16 steps per epoch: 24 steps cross an epoch end
+
+
+def _cfg(tmp_path: Path, **over):
+    return build_config("smoke", {**TINY, "run.output_dir": str(tmp_path / "runs"), **over})
+
+
+def _train_to(tr: Trainer, until: int, hook=None) -> None:
+    while tr.step < min(until, tr.total_steps):
+        tr.train_epoch(on_step=hook) if hook else tr.train_epoch()
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
+    cfg = _cfg(tmp_path, **{"eval.knn_every": 0})
+    full = Trainer(cfg)
+    _train_to(full, 24)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_19(tr: Trainer) -> None:  # mid second epoch
+        if tr.step == 19:
+            save_rank_state(tr.state_dict(), cfg.to_dict(), tmp_path, 0, 1)
+            raise Interrupt
+
+    first = Trainer(cfg)
+    with pytest.raises(Interrupt):
+        _train_to(first, 24, stop_at_19)
+    state, saved_cfg = load_rank_state(tmp_path, 0, 1)  # torch.load(weights_only=True) inside
+    assert saved_cfg == cfg.to_dict()
+    resumed = Trainer(cfg)
+    resumed.load_state_dict(state)
+    assert resumed.step == 19 and resumed.epoch == 1
+    _train_to(resumed, 24)
+    for name in ("encoder_q", "encoder_k", "queue"):
+        a, b = full.state_dict()[name], resumed.state_dict()[name]
+        for key in a:
+            assert torch.allclose(a[key].float(), b[key].float(), atol=1e-6, rtol=0), (name, key)
+    assert torch.equal(full.model.queue.write_step, resumed.model.queue.write_step)
+    assert int(full.model.queue.ptr) == int(resumed.model.queue.ptr)
+
+
+def test_checkpoint_from_other_world_size_is_refused(tmp_path):
+    save_rank_state({"x": torch.zeros(1)}, {}, tmp_path, 0, 2)
+    with pytest.raises(ValueError, match="written by 2 workers; this run has 1"):
+        load_rank_state(tmp_path, 0, 1)
+
+
+def _metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_dead_worker_restarts_from_checkpoint_and_completes(tmp_path, ray_session):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _cfg(tmp_path, **{"run.num_workers": 2, "moco.bn": "shuffle", "queue.layout": "sharded",
+                            "run.checkpoint_every": 4, "run.fault_step": 10, "run.max_failures": 1,
+                            "run.name": "fault-w2", "run.experiment": "test-train"})
+    out = fit(cfg, tracking_uri=uri, progress=lambda _m: None)
+    marker = tmp_path / "runs" / "fault-w2" / ".fault-injected"
+    assert marker.is_file(), "the fault was never injected"
+    assert out.status == "finished" and out.steps == 24 and out.linear_top1 > 0.5
+    client = MlflowClient(uri)
+    run = client.get_run(out.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert _metric_steps(client, out.mlflow_run_id, "loss") == [16, 24]  # each epoch once: no duplicate, no gap
+    assert run.data.params["moco.m"] == "0.99" and run.data.params["queue.layout"] == "sharded"
+    assert run.data.tags["preset"] == "smoke" and run.data.tags["git_commit"]
+    for key in ("linear_top1", "knn_top1", "lr", "m", "images_per_s", "staleness_mean", "staleness_max",
+                "ema_half_life", "max_staleness_bound", "pretext_acc"):
+        assert key in run.data.metrics, key
+    assert [f.path for f in client.list_artifacts(out.mlflow_run_id)] == ["config.yaml"]
+
+
+def test_failed_run_is_marked_then_resumed_into_the_same_mlflow_run(tmp_path, ray_session):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _cfg(tmp_path, **{"run.num_workers": 1, "run.fault_step": 20, "run.max_failures": 0,
+                            "run.name": "fail-then-resume", "run.experiment": "test-train"})
+    with pytest.raises(Exception):
+        fit(cfg, tracking_uri=uri, progress=lambda _m: None)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("test-train").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert runs[0].data.tags["mocolab.failure_reason"]
+    assert _metric_steps(client, runs[0].info.run_id, "loss") == [16]
+    out = fit(cfg, tracking_uri=uri, progress=lambda _m: None)  # same name: resume, the fault marker stays
+    assert out.resumed and out.mlflow_run_id == runs[0].info.run_id and out.status == "finished"
+    assert len(client.search_runs([runs[0].info.experiment_id])) == 1
+    assert client.get_run(out.mlflow_run_id).info.status == "FINISHED"
+    assert _metric_steps(client, out.mlflow_run_id, "loss") == [16, 24]
+
+
+def test_unreachable_tracking_server_fails_before_work(tmp_path):
+    cfg = _cfg(tmp_path, **{"run.name": "never"})
+    with pytest.raises(ValueError, match="does not answer"):
+        fit(cfg, tracking_uri="http://127.0.0.1:9", progress=lambda _m: None)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
