@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -165,8 +167,6 @@ class Config:
         """The given name, else one derived from the config: the same config resumes the same run."""
         if self.run.name:
             return self.run.name
-        import hashlib
-        import json
         flat = {k: v for k, v in self.flatten().items() if not k.startswith("run.") or k == "run.seed"}
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
         return f"{self.run.preset}-m{self.moco.m}-s{self.run.seed}-{digest}"
