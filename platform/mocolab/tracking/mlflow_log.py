@@ -150,17 +150,16 @@ class MetricsLogger:
         self.last_step = max((m.step for m in history), default=-1)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Per-epoch metrics; a step at or below the last one logged (a restart's replay) is skipped."""
         if step <= self.last_step:
             return
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self._send(metrics, step)
         self.last_step = step
 
     def log_final(self, metrics: Mapping[str, float], step: int) -> None:
+        self._send(metrics, step)
+
+    def _send(self, metrics: Mapping[str, float], step: int) -> None:
         import time
 
         from mlflow.entities import Metric
