@@ -36,8 +36,10 @@ data: $(STAMP)
 	  $(PY) -c "import torchvision; torchvision.datasets.FashionMNIST('$(MOCOLAB_DATA)', download=True)"; \
 	fi
 
+# The main job: the momentum ablation on the cpu-quick preset, local Ray, local MLflow store.
+RUN_ARGS ?=
 run: setup
-	$(PY) -m mocolab.cli train --preset cpu-quick
+	$(PY) experiments/momentum_ablation.py --preset cpu-quick --momenta 0,0.9,0.99,0.999 $(RUN_ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

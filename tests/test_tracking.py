@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,9 @@ from mocolab.tracking import check_tracking_uri, resolve_tracking_uri
 from mocolab.train import fit
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def mlflow_server(tmp_path):
-    port = _free_port()
+def mlflow_server(tmp_path, free_port):
+    port = free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     proc = subprocess.Popen(
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",

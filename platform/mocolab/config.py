@@ -33,6 +33,7 @@ QUEUE_POLICIES = ("fifo",)
 QUEUE_LAYOUTS = ("replicated", "sharded")
 LR_SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 @dataclass
@@ -104,6 +105,7 @@ class RunConfig:
     seed: int = 0
     num_workers: int = 0  # Ray Train workers W; 0 = Ray Train's local mode (this process)
     device: str = "auto"
+    precision: str = "fp32"  # encoder compute: fp32, bf16 (autocast), auto = bf16 where the hardware has it
     threads: int = 0  # torch threads per worker; 0 = its CPU share
     cpus_per_worker: float = 1.0  # Ray CPU resources per worker (fractions let trials share cores)
     gpus_per_worker: float = 0.0
@@ -321,6 +323,7 @@ def validate(cfg: Config) -> Config:
     _choice("queue.layout", q.layout, QUEUE_LAYOUTS)
     _choice("optim.schedule", o.schedule, LR_SCHEDULES)
     _choice("run.device", r.device, DEVICES)
+    _choice("run.precision", r.precision, PRECISIONS)
 
     _range("moco.m", mc.m, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
     _range("moco.tau", mc.tau, 0.0, lo_open=True, allowed="tau > 0")

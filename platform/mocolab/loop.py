@@ -86,6 +86,22 @@ class TrainResult:
     knn_top1_init: float | None = None
 
 
+def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
+    """None for float32; bfloat16 for 'bf16', or for 'auto' where the hardware computes it natively
+    (AVX-512 BF16 / AMX on CPU, Ampere+ on GPU) - elsewhere emulated bf16 would be slower than fp32."""
+    if name == "fp32":
+        return None
+    if name == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        native = False
+    return torch.bfloat16 if native else None
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -145,7 +161,9 @@ class Trainer:
             queue = mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch, generator=init_gen)
         # split: in-process shuffle drawing from the trainer's RNG; shuffle: rank 0's own generator
         shuffler = mdist.build_shuffler(mc.bn, cfg.run.seed + 1 if mc.bn == "shuffle" else None)
-        self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler).to(self.device)
+        self.precision = resolve_precision(cfg.run.precision, self.device)
+        self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler,
+                          encoder_dtype=self.precision).to(self.device)
         self.encoder = self.model.encoder_q  # the unwrapped query encoder, for evaluation and checkpoints
         if world_size > 1:  # DDP over the query encoder only: the queue and f_k stay out of its broadcasts
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -279,11 +297,26 @@ class Trainer:
                             bank.classes, e.knn_k, e.knn_t)
 
     def probe(self) -> float:
+        return self.final_eval()[1]
+
+    def final_eval(self) -> tuple[float, float]:
+        """(kNN top-1, linear top-1) at the end, from one extraction of the features both read.
+
+        The kNN bank and the probe's training images are both prefixes of the
+        training set, so the numbers equal ``knn()`` and a separate probe.
+        """
         e = self.cfg.eval
-        train = _subset(self.train_set, e.linear_train)
-        res = linear_probe(self.features(train.images), train.labels, self.features(self.test_set.images),
-                           self.test_set.labels, train.classes, weight_decay=e.linear_wd, steps=e.linear_steps)
-        return res.test_top1
+        n_bank = len(_subset(self.train_set, e.knn_bank))
+        n_lin = len(_subset(self.train_set, e.linear_train))
+        train = _subset(self.train_set, max(n_bank, n_lin))
+        test = self.test_set
+        n_test = len(_subset(test, e.knn_test))
+        f_train, f_test = self.features(train.images), self.features(test.images)
+        knn = knn_accuracy(f_train[:n_bank], train.labels[:n_bank], f_test[:n_test], test.labels[:n_test],
+                           train.classes, e.knn_k, e.knn_t)
+        res = linear_probe(f_train[:n_lin], train.labels[:n_lin], f_test, test.labels, train.classes,
+                           weight_decay=e.linear_wd, steps=e.linear_steps)
+        return knn, res.test_top1
 
 
 def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -307,7 +340,8 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     main = tr.is_main
     say(f"mocolab: {cfg.data.name} ({len(tr.train_set)} train / {len(tr.test_set)} test), "
         f"{cfg.model.backbone}, m={cfg.moco.m}, K={cfg.queue.size}, batch={cfg.optim.batch_size} "
-        f"on {tr.world_size} rank(s), {tr.total_steps} steps on {tr.device} with {torch.get_num_threads()} threads"
+        f"on {tr.world_size} rank(s), {tr.total_steps} steps on {tr.device} "
+        f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"
         + (f", resuming at step {tr.step}" if tr.step else ""))
     knn_init = tr.knn() if measure_init and main else None
     if knn_init is not None:
@@ -323,7 +357,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
             say(f"  diverged at step {tr.step}: loss {loss}")
             break
         last = tr.step >= tr.total_steps
-        due = (e.knn_every and tr.epoch % e.knn_every == 0) or last
+        due = e.knn_every and tr.epoch % e.knn_every == 0 and not last  # the last one comes with the probe
         knn = tr.knn() if main and due else None
         s_mean, s_max = tr.model.queue.staleness(tr.step)
         rec = EpochRecord(tr.epoch, tr.step, loss, lr_at(cfg, tr.step - 1, tr.total_steps), cfg.moco.m, pretext,
@@ -331,7 +365,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
                           time.perf_counter() - t0)
         tr.history.append(rec)
         eta = (time.perf_counter() - t_start) / max(1, tr.step - start_step) * (tr.total_steps - tr.step)
-        knn_txt = f"kNN {100 * knn:.2f}%" if knn is not None else "kNN -"
+        knn_txt = f"kNN {100 * knn:.2f}%" if knn is not None else ("kNN at the end" if last else "kNN -")
         say(f"epoch {tr.epoch:3d}  step {tr.step:6d}/{tr.total_steps}  loss {loss:.4f}  pretext {100 * pretext:.1f}%  "
             f"{knn_txt}  {rate:.0f} img/s  ETA {_fmt_time(eta)}")
         if on_epoch is not None:
@@ -340,9 +374,10 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         return TrainResult(None, None, loss, tr.step, True, tr.history, knn_init)
     if not main:
         return TrainResult(None, None, loss, tr.step, False, tr.history, knn_init)
-    knn_final = tr.history[-1].knn_top1 if tr.history and tr.history[-1].knn_top1 is not None else tr.knn()
-    say("linear probe on frozen features ...")
-    linear = tr.probe()
+    say("final kNN and linear probe on frozen features ...")
+    knn_final, linear = tr.final_eval()
+    if tr.history:
+        tr.history[-1].knn_top1 = knn_final
     say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "
         f"kNN top-1 {100 * knn_final:.2f}%")
     return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init)

@@ -34,7 +34,7 @@ class MoCoOutput:
 
 class MoCo(nn.Module):
     def __init__(self, encoder_q: nn.Module, queue: KeyQueue, m: float = 0.999, tau: float = 0.2,
-                 shuffler: LocalShuffle | NoShuffle | None = None) -> None:
+                 shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if not 0.0 <= m < 1.0:
             raise ValueError(f"moco.m: {m} is out of range; allowed [0, 1)")
@@ -47,7 +47,13 @@ class MoCo(nn.Module):
         self.queue = queue
         self.m, self.tau = m, tau
         self.shuffler = shuffler if shuffler is not None else NoShuffle()
+        # Encoders may run under bf16 autocast; embeddings, logits and the loss stay float32.
+        self.encoder_dtype = encoder_dtype
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def _autocast(self, x: torch.Tensor):
+        return torch.autocast(x.device.type, dtype=self.encoder_dtype or torch.float32,
+                              enabled=self.encoder_dtype is not None)
 
     @torch.no_grad()
     def momentum_update(self) -> None:
@@ -59,11 +65,15 @@ class MoCo(nn.Module):
     def compute_keys(self, im_k: torch.Tensor) -> torch.Tensor:
         """Keys on a shuffled batch (BN sees other sub-batches than the queries), then unshuffled."""
         x, restore = self.shuffler.shuffle(im_k)
-        k = F.normalize(self.encoder_k(x), dim=1)  # keys: N×C
+        with self._autocast(x):
+            k = self.encoder_k(x)
+        k = F.normalize(k.float(), dim=1)  # keys: N×C
         return self.shuffler.unshuffle(k, restore)
 
     def forward(self, im_q: torch.Tensor, im_k: torch.Tensor) -> MoCoOutput:
-        q = F.normalize(self.encoder_q(im_q), dim=1)  # queries: N×C
+        with self._autocast(im_q):
+            q = self.encoder_q(im_q)
+        q = F.normalize(q.float(), dim=1)  # queries: N×C
         self.momentum_update()
         k = self.compute_keys(im_k)  # keys: N×C, no gradient
         l_pos = (q * k).sum(dim=1, keepdim=True)  # N×1

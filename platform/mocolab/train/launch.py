@@ -47,7 +47,12 @@ def ensure_ray(num_cpus: int | None = None) -> None:
 
 def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | None = None,
         tags: dict[str, str] | None = None, display_name: str | None = None, log_to_mlflow: bool = True,
-        progress: Callable[[str], None] = print) -> TrainOutcome:
+        progress: Callable[[str], None] = print, callbacks: list | None = None) -> TrainOutcome:
+    """Train one model to the end (or resume it) and return its outcome.
+
+    ``callbacks`` go to Ray Train's RunConfig: a sweep passes Tune's
+    ``TuneReportCallback`` so each epoch's metrics reach the scheduler.
+    """
     validate(cfg)
     uri = resolve_tracking_uri(tracking_uri)
     if log_to_mlflow:
@@ -83,7 +88,8 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
                                      resources_per_worker=resources if workers else None),
         run_config=RunConfig(name=name, storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=cfg.run.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints)),
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),
+                             callbacks=callbacks or None),
     )
     try:
         result = trainer.fit()

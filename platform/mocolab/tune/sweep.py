@@ -1,0 +1,282 @@
+"""A sweep: Ray Tune trials, each one Ray Train run, recorded as MLflow child runs of one parent.
+
+Train inside Tune (Ray 2.x, Train V2): every trial is a small Tune function
+that calls ``mocolab.train.fit`` with Tune's ``TuneReportCallback``, so the
+epoch metrics of rank 0 reach Tune's scheduler while the workers run in their
+own placement group.  Names are deterministic (sweep name + what varies), so
+re-running the same command resumes: Tune restores the sweep, a restarted
+trial resumes its Train run from its checkpoint, and MLflow runs are found by
+name instead of created twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ray.tune import Stopper
+
+from ..config import build_config
+from ..tracking import check_tracking_uri, resolve_tracking_uri
+from ..tracking.mlflow_log import RUN_NAME_TAG, STATUS_TAG, _client, git_commit, ray_job_id
+
+SWEEP_TAG = "mocolab.sweep_name"  # on the parent and on every child
+PARENT_TAG = "mocolab.sweep_parent"  # on the parent only: how a resumed sweep finds it
+
+
+@dataclass
+class Trial:
+    """One point of a grid: a label a person reads (``m=0.9 seed=1``) and the config overrides."""
+
+    label: str
+    overrides: dict[str, Any]
+
+
+@dataclass
+class Sweep:
+    study: str  # the MLflow experiment, e.g. momentum-ablation
+    name: str  # the sweep's name: the same name resumes it
+    preset: str
+    description: str
+    base_overrides: dict[str, Any] = field(default_factory=dict)
+    trials: list[Trial] = field(default_factory=list)  # grid mode
+    search_space: dict[str, Any] | None = None  # search mode: dotted key -> tune domain
+    search_alg: Any = None
+    scheduler: Any = None
+    num_samples: int = 1
+    seeds: list[int] = field(default_factory=lambda: [0])  # search mode: seeds per sampled point
+    workers_per_trial: int = 1
+    cpus_per_worker: float | None = None  # None: share the cluster's CPUs among concurrent trials
+    gpus_per_worker: float = 0.0
+    max_concurrent: int | None = None
+    tracking_uri: str | None = None
+    storage: str = "runs/sweeps"
+    stop_after: int | None = None  # end this invocation after N trials finish; the same name continues
+
+
+# ------------------------------------------------------------------ validation
+def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
+    """(max concurrent trials, CPUs per worker): by default two single-worker trials share two cores."""
+    w = max(1, sweep.workers_per_trial)
+    driver = TRIAL_DRIVER_CPUS
+    if sweep.max_concurrent is not None:
+        conc = sweep.max_concurrent
+    else:
+        conc = max(1, int(cluster_cpus // w)) if sweep.cpus_per_worker is None else \
+            max(1, int(cluster_cpus // (w * sweep.cpus_per_worker + driver)))
+    cpus = sweep.cpus_per_worker
+    if cpus is None:
+        cpus = max(0.1, (cluster_cpus / conc - driver) / w)
+        cpus = math.floor(cpus * 100) / 100
+    return conc, cpus
+
+
+TRIAL_DRIVER_CPUS = 0.05  # the trial's own function only waits on its Train run
+
+
+def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float) -> tuple[str, dict[str, Any]]:
+    """(label, overrides) for one trial from Tune's config (grid: a Trial dict; search: dotted keys)."""
+    if "trial" in trial_cfg:
+        label, over = trial_cfg["trial"]["label"], dict(trial_cfg["trial"]["overrides"])
+    else:
+        over = {k: v for k, v in trial_cfg.items() if "." in k}
+        label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in over.items())
+    over = {**sweep.base_overrides, **over,
+            "run.num_workers": sweep.workers_per_trial, "run.cpus_per_worker": cpus_per_worker,
+            "run.gpus_per_worker": sweep.gpus_per_worker, "run.experiment": sweep.study,
+            "run.output_dir": str(Path(sweep.storage).resolve() / sweep.name / "train"),
+            "run.name": f"{sweep.name}--{_slug(label)}"}
+    if sweep.workers_per_trial == 0:
+        over.pop("run.cpus_per_worker")
+    return label, over
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)
+
+
+def validate_sweep(sweep: Sweep) -> None:
+    """Every trial's config is built and validated, the tracking store answers: before any trial starts."""
+    if not sweep.name or "/" in sweep.name:
+        raise ValueError(f"--name: {sweep.name!r} must be a non-empty name without '/'")
+    if sweep.search_space is None and not sweep.trials:
+        raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
+    if sweep.workers_per_trial < 0:
+        raise ValueError(f"--workers-per-trial: {sweep.workers_per_trial} must be >= 0")
+    if sweep.max_concurrent is not None and sweep.max_concurrent < 1:
+        raise ValueError(f"--max-concurrent: {sweep.max_concurrent} must be >= 1")
+    if sweep.gpus_per_worker < 0:
+        raise ValueError(f"--gpus-per-worker: {sweep.gpus_per_worker} must be >= 0")
+    if sweep.stop_after is not None and sweep.stop_after < 1:
+        raise ValueError(f"--stop-after: {sweep.stop_after} must be >= 1")
+    if sweep.num_samples < 1:
+        raise ValueError(f"--samples: {sweep.num_samples} must be >= 1")
+    labels = [t.label for t in sweep.trials]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"trial labels must be unique: {labels}")
+    for t in sweep.trials:
+        _, over = trial_overrides(sweep, {"trial": {"label": t.label, "overrides": t.overrides}}, 1.0)
+        build_config(sweep.preset, over)
+    if sweep.search_space is not None:
+        build_config(sweep.preset, {**sweep.base_overrides})
+    check_tracking_uri(resolve_tracking_uri(sweep.tracking_uri))
+
+
+# ------------------------------------------------------------------ MLflow parent
+class ParentRun:
+    """The sweep's MLflow run; found again by name, so a resumed sweep has one parent."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        self.sweep = sweep
+        self.uri = resolve_tracking_uri(sweep.tracking_uri)
+        self.client = _client(self.uri)
+        exp = self.client.get_experiment_by_name(sweep.study)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(sweep.study)
+        found = self.client.search_runs([self.experiment_id], f"tags.`{PARENT_TAG}` = '{sweep.name}'",
+                                        max_results=1)
+        if found:
+            self.run_id, self.resumed = found[0].info.run_id, True
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        tags = {SWEEP_TAG: sweep.name, PARENT_TAG: sweep.name, "preset": sweep.preset, "git_commit": git_commit(),
+                "mlflow.note.content": sweep.description, "study": sweep.study}
+        job = ray_job_id()
+        if job:
+            tags["ray_job_id"] = job
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=sweep.name)
+        self.run_id, self.resumed = run.info.run_id, False
+        from mlflow.entities import Param
+
+        params = {"sweep.preset": sweep.preset, "sweep.workers_per_trial": sweep.workers_per_trial,
+                  "sweep.trials": len(sweep.trials) or sweep.num_samples,
+                  "sweep.search_space": str(sweep.search_space or [t.label for t in sweep.trials])[:6000],
+                  **{f"sweep.set.{k}": v for k, v in sweep.base_overrides.items()}}
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+
+    def children(self) -> list:
+        """The trial runs of this sweep (MLflow Run objects), oldest first."""
+        return self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.run_id}'",
+                                       max_results=5000, order_by=["attributes.start_time ASC"])
+
+
+# ------------------------------------------------------------------ the trial
+def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker: float) -> None:
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from ..train import fit
+
+    label, over = trial_overrides(sweep, config, cpus_per_worker)
+    cfg = build_config(sweep.preset, over)
+    out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
+              tags={SWEEP_TAG: sweep.name, "trial": label}, display_name=label,
+              callbacks=[TuneReportCallback()], progress=print)
+    nan = float("nan")
+    tune.report({"final": 1.0, "status": out.status, "label": label, "epoch": cfg.optim.epochs,
+                 "linear_top1": out.linear_top1 if out.linear_top1 is not None else nan,
+                 "knn_top1": out.knn_top1 if out.knn_top1 is not None else nan,
+                 "final_loss": out.final_loss if out.final_loss is not None else nan,
+                 "mlflow_run_id": out.mlflow_run_id or ""})
+
+
+def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print):
+    """Validate, open (or find) the parent run, run (or resume) the trials; returns (parent, Tune results)."""
+    # Trials run in other working folders: fix relative paths and the default store here, on the driver.
+    sweep = dataclasses.replace(sweep, tracking_uri=resolve_tracking_uri(sweep.tracking_uri),
+                                storage=str(Path(sweep.storage).expanduser().resolve()))
+    validate_sweep(sweep)
+    from ray import tune
+
+    from ..train.launch import ensure_ray
+
+    ensure_ray()
+    import ray
+
+    cluster_cpus = float(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+    conc, cpus = resolve_resources(sweep, cluster_cpus)
+    parent = ParentRun(sweep)
+    progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
+             f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
+             f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {parent.uri}")
+    from functools import partial
+
+    resources = {"CPU": TRIAL_DRIVER_CPUS}
+    if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains
+        resources = {"CPU": cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker}
+    trainable = tune.with_resources(
+        tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
+        resources)
+    stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
+    tune_dir = Path(sweep.storage) / sweep.name / "tune"
+    try:
+        if sweep.search_space is not None:
+            # A search's state lives in its searcher: resume it through Tune.
+            path = tune_dir / "search"
+            if tune.Tuner.can_restore(str(path)):
+                progress(f"resuming the search from {path}")
+                tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+            else:
+                space = dict(sweep.search_space)
+                space["run.seed"] = tune.grid_search(sweep.seeds) if len(sweep.seeds) > 1 else sweep.seeds[0]
+                tuner = tune.Tuner(
+                    trainable, param_space=space,
+                    tune_config=tune.TuneConfig(max_concurrent_trials=conc, search_alg=sweep.search_alg,
+                                                scheduler=sweep.scheduler, num_samples=sweep.num_samples),
+                    run_config=tune.RunConfig(name="search", storage_path=str(tune_dir), verbose=1, stop=stop))
+        else:
+            # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
+            # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
+            done = {r.data.tags.get("trial") for r in parent.children()
+                    if r.data.tags.get(STATUS_TAG) in ("finished", "diverged")}
+            remaining = [t for t in sweep.trials if t.label not in done]
+            if done:
+                progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
+            if not remaining:
+                return parent, None
+            attempt = 1 + sum(1 for _ in tune_dir.glob("attempt-*")) if tune_dir.is_dir() else 1
+            space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
+            tuner = tune.Tuner(
+                trainable, param_space=space,
+                tune_config=tune.TuneConfig(max_concurrent_trials=conc),
+                run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=str(tune_dir), verbose=1,
+                                          stop=stop))
+        grid = tuner.fit()
+    except BaseException as err:  # the parent stays findable for a resume, but says what happened
+        parent.client.set_tag(parent.run_id, STATUS_TAG, "interrupted")
+        parent.client.set_tag(parent.run_id, "mocolab.failure_reason", f"{type(err).__name__}: {err}"[:5000])
+        parent.client.set_terminated(parent.run_id, "KILLED")
+        raise
+    _close_stopped_children(parent)
+    return parent, grid
+
+
+class _StopAfter(Stopper):
+    """Ends the whole sweep once ``n`` trials have reported their final result (a budget per invocation)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.done: set[str] = set()
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        if result.get("final"):
+            self.done.add(trial_id)
+        return False
+
+    def stop_all(self) -> bool:
+        return len(self.done) >= self.n
+
+
+def _close_stopped_children(parent: ParentRun) -> None:
+    """Trials that Tune stopped early (ASHA) or that errored leave RUNNING MLflow runs: close them."""
+    runs = parent.client.search_runs(
+        [parent.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.run_id}' and attributes.status = 'RUNNING'")
+    for run in runs:
+        parent.client.set_tag(run.info.run_id, STATUS_TAG, "stopped")
+        parent.client.set_terminated(run.info.run_id, "KILLED")
+
+
+__all__ = ["Sweep", "Trial", "ParentRun", "run_sweep", "validate_sweep", "RUN_NAME_TAG"]

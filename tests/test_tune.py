@@ -1,0 +1,105 @@
+"""Sweeps: Train inside Tune, MLflow parent/child runs, resume after a stop, diverged trials, bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mocolab.data import fashion_mnist_dir
+from mocolab.tune import Sweep, Trial, run_sweep
+from mocolab.tune.summary import summarise, trials_frame, welch_t
+
+REPO = Path(__file__).resolve().parents[1]
+needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
+
+TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024,
+        "eval.linear_steps": 20, "optim.max_steps": 10, "queue.size": 512}
+
+
+def _sweep(tmp_path: Path, trials: list[Trial], **kw) -> Sweep:
+    return Sweep(study="test-sweeps", name=kw.pop("name", "s1"), preset="smoke", description="test sweep",
+                 base_overrides=dict(TINY), trials=trials, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                 storage=str(tmp_path / "sweeps"), **kw)
+
+
+def _children(uri: str, parent_id: str):
+    c = MlflowClient(uri)
+    run = c.get_run(parent_id)
+    return c.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+
+
+@needs_fmnist
+def test_sweep_stopped_after_first_trial_resumes_without_rerunning(tmp_path, ray_session):
+    trials = [Trial("m=0.9 seed=0", {"moco.m": 0.9}), Trial("m=0.99 seed=0", {"moco.m": 0.99})]
+    sweep = _sweep(tmp_path, trials, max_concurrent=1, stop_after=1)
+    parent, _ = run_sweep(sweep, progress=lambda _m: None)
+    first = _children(parent.uri, parent.run_id)
+    assert [r.data.tags["trial"] for r in first] == ["m=0.9 seed=0"]
+    assert first[0].info.status == "FINISHED"
+    first_end = first[0].info.end_time
+
+    again, _ = run_sweep(_sweep(tmp_path, trials, max_concurrent=1), progress=lambda _m: None)
+    assert again.run_id == parent.run_id and again.resumed  # one parent, found again
+    kids = _children(parent.uri, parent.run_id)
+    assert sorted(r.data.tags["trial"] for r in kids) == ["m=0.9 seed=0", "m=0.99 seed=0"]  # no duplicate
+    done = {r.data.tags["trial"]: r for r in kids}
+    assert done["m=0.9 seed=0"].info.end_time == first_end  # not run again
+    assert all(r.info.status == "FINISHED" for r in kids)
+    df = trials_frame(kids)
+    assert set(df["params.moco.m"]) == {0.9, 0.99} and df["linear_top1"].notna().all()
+    table = summarise(df, "moco.m")
+    assert list(table["moco.m"]) == [0.9, 0.99] and (table["status"] == "finished").all()
+    # children are named by what varies, and carry the config as params
+    assert {r.info.run_name for r in kids} == {"m=0.9 seed=0", "m=0.99 seed=0"}
+
+
+@needs_fmnist
+def test_diverged_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_session):
+    trials = [Trial("boom", {"optim.lr": 1e6, "optim.schedule": "constant", "moco.tau": 0.01}),
+              Trial("fine", {})]
+    parent, _ = run_sweep(_sweep(tmp_path, trials, name="div"), progress=lambda _m: None)
+    kids = {r.data.tags["trial"]: r for r in _children(parent.uri, parent.run_id)}
+    assert kids["boom"].data.tags["mocolab.status"] == "diverged"
+    assert "linear_top1" not in kids["boom"].data.metrics and "final_loss" in kids["boom"].data.metrics
+    assert kids["fine"].data.tags["mocolab.status"] == "finished" and kids["fine"].data.metrics["linear_top1"] > 0.3
+    df = trials_frame(kids.values())
+    assert set(df["status"]) == {"diverged", "finished"}
+
+
+def test_welch_t_test():
+    t, p = welch_t([80.1, 80.5, 79.9], [86.0, 86.4, 85.8])
+    assert t < -10 and p < 0.001
+    assert welch_t([1.0], [2.0, 3.0]) is None
+
+
+def _run_study(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {**os.environ, **(env or {})}
+    e.pop("RAY_ADDRESS", None) if "RAY_ADDRESS" not in (env or {}) else None
+    return subprocess.run([sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
+                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                           "--storage", str(tmp_path / "sweeps"), *args],
+                          capture_output=True, text=True, timeout=300, env=e, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--seeds", "0"], None, "--seeds: 0 must be >= 1"),
+    (["--momenta", ""], None, "the grid is empty"),
+    (["--momenta", "0.9,1.5"], None, "moco.m: 1.5 is out of range"),
+    (["--set", "moco.mm=0.9"], None, "unknown config key 'moco.mm'"),
+    (["--tracking-uri", "http://127.0.0.1:9"], None, "does not answer"),
+    ([], {"RAY_ADDRESS": "127.0.0.1:9"}, "the cluster does not answer"),
+])
+def test_bad_input_fails_before_any_trial_and_leaves_no_parent_run(tmp_path, args, env, message):
+    res = _run_study(tmp_path, *args, env=env)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert message in res.stderr, res.stderr[-2000:]
+    db = tmp_path / "mlflow.db"
+    if db.exists():
+        client = MlflowClient(f"sqlite:///{db}")
+        assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert not (tmp_path / "sweeps").exists()
