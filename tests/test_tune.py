@@ -103,3 +103,48 @@ def test_bad_input_fails_before_any_trial_and_leaves_no_parent_run(tmp_path, arg
         client = MlflowClient(f"sqlite:///{db}")
         assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert not (tmp_path / "sweeps").exists()
+
+
+TINY_ARGS = [f"--set={k}={v}" for k, v in TINY.items() if k != "queue.size"]
+
+
+def _study(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, str(REPO / "experiments" / script), "--preset", "smoke",
+                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                           "--storage", str(tmp_path / "sweeps"), *TINY_ARGS, *args],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+
+
+def _parent_and_children(tmp_path: Path, experiment: str):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return client, parents, [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+@needs_fmnist
+def test_queue_study_searches_with_optuna_and_asha(tmp_path):
+    res = _study(tmp_path, "queue_ablation.py", "--samples", "2", "--set=data.subset=2048",
+                 "--set=eval.knn_bank=2048", "--set=eval.linear_train=2048")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "Optuna" in res.stdout or "OptunaSearch" in res.stdout + res.stderr
+    client, parents, children = _parent_and_children(tmp_path, "queue-ablation")
+    assert len(parents) == 1 and len(children) == 2
+    sizes = {int(r.data.params["queue.size"]) for r in children}
+    assert sizes <= {128 * 2 ** i for i in range(4)}  # multiples of the batch, at most half of 2048
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"summary.csv", "queue.png"}
+    assert "K" in res.stdout and "linear top-1 %" in res.stdout
+
+
+@needs_fmnist
+def test_bn_study_logs_pretext_accuracy(tmp_path):
+    res = _study(tmp_path, "augmentation_ablation.py", "--what", "bn", "--set=queue.size=512")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "bn=shuffle needs --workers-per-trial >= 2" in res.stdout
+    client, parents, children = _parent_and_children(tmp_path, "augmentation-ablation")
+    assert sorted(r.data.tags["trial"] for r in children) == ["bn=plain seed=0", "bn=split seed=0"]
+    for r in children:
+        history = client.get_metric_history(r.info.run_id, "pretext_acc")
+        assert history and all(0.0 <= m.value <= 1.0 for m in history)
+    assert "pretext %" in res.stdout

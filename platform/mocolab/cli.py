@@ -38,6 +38,16 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f}%"
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    rep = build_report(args.experiment, args.out, parent_run=args.parent_run, tracking_uri=args.tracking_uri,
+                       ui_url=args.ui_url)
+    print(rep.message)
+    print(f"report: {rep.html}" + (f" ({len(rep.figures)} plots)" if rep.figures else ""))
+    return 0 if rep.trials else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mocolab", description="Momentum Contrast experiments.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     tr.set_defaults(func=_train)
+    rp = sub.add_parser("report", help="draw an ablation report (PNG + HTML) from an MLflow experiment or sweep")
+    rp.add_argument("--experiment", required=True, help="MLflow experiment, e.g. momentum-ablation")
+    rp.add_argument("--parent-run", default=None, help="only the trials of this sweep (parent run id)")
+    rp.add_argument("--out", required=True, help="folder for report.html and the PNGs")
+    rp.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    rp.add_argument("--ui-url", default="http://127.0.0.1:5000", help="MLflow UI address for the run links")
+    rp.set_defaults(func=_report)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

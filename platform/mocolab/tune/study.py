@@ -91,6 +91,10 @@ def run_study(sweep: Sweep, report: Callable[[ParentRun, Any], tuple[str, Path |
     text, figure, table = report(parent, trials)
     print(text)
     log_to_parent(parent.client, parent.run_id, table, trials, figure, text)
+    from ..report import build_report
+
+    rep = build_report(sweep.study, Path(sweep.storage) / sweep.name / "report", parent_run=parent.run_id,
+                       tracking_uri=sweep.tracking_uri)
     bad = trials["status"].isin(["failed", "running", "stopped"]).sum()
     parent.client.set_tag(parent.run_id, "mocolab.status", "finished")
     parent.client.set_terminated(parent.run_id, "FINISHED")
@@ -99,4 +103,5 @@ def run_study(sweep: Sweep, report: Callable[[ParentRun, Any], tuple[str, Path |
     print(f"Open the UI: mlflow ui --backend-store-uri {uri}   (then http://127.0.0.1:5000)")
     if figure is not None:
         print(f"Plot: {figure}")
+    print(f"Report: {rep.html}  (also under the parent run's artifacts, report/)")
     return 0 if bad == 0 else 1

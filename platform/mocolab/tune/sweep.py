@@ -78,13 +78,18 @@ def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
 TRIAL_DRIVER_CPUS = 0.05  # the trial's own function only waits on its Train run
 
 
-def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float) -> tuple[str, dict[str, Any]]:
-    """(label, overrides) for one trial from Tune's config (grid: a Trial dict; search: dotted keys)."""
+def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float,
+                    trial_id: str = "") -> tuple[str, dict[str, Any]]:
+    """(label, overrides) for one trial from Tune's config (grid: a Trial dict; search: dotted keys).
+
+    A search may sample the same point twice; its labels carry Tune's trial id so that two trials never
+    share a Train run or an MLflow run.
+    """
     if "trial" in trial_cfg:
         label, over = trial_cfg["trial"]["label"], dict(trial_cfg["trial"]["overrides"])
     else:
         over = {k: v for k, v in trial_cfg.items() if "." in k}
-        label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in over.items())
+        label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in over.items()) + f" [{trial_id}]"
     over = {**sweep.base_overrides, **over,
             "run.num_workers": sweep.workers_per_trial, "run.cpus_per_worker": cpus_per_worker,
             "run.gpus_per_worker": sweep.gpus_per_worker, "run.experiment": sweep.study,
@@ -170,7 +175,7 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
 
     from ..train import fit
 
-    label, over = trial_overrides(sweep, config, cpus_per_worker)
+    label, over = trial_overrides(sweep, config, cpus_per_worker, tune.get_context().get_trial_id())
     cfg = build_config(sweep.preset, over)
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
               tags={SWEEP_TAG: sweep.name, "trial": label}, display_name=label,
@@ -214,6 +219,9 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print):
     tune_dir = Path(sweep.storage) / sweep.name / "tune"
     try:
         if sweep.search_space is not None:
+            # Not every report carries the search metric (the last epoch's kNN comes with the final
+            # report; checkpoint-only reports have none): ASHA skips those, Optuna reads the last one.
+            os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
             # A search's state lives in its searcher: resume it through Tune.
             path = tune_dir / "search"
             if tune.Tuner.can_restore(str(path)):

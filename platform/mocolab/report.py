@@ -1,0 +1,204 @@
+"""Ablation reports drawn from MLflow: the pictures a researcher reads at a glance.
+
+``mocolab report --experiment momentum-ablation [--parent-run ID] --out DIR``
+reads the runs with ``MlflowClient.search_runs`` (the same records the MLflow
+UI shows), finds what varies across them, and draws: accuracy against
+momentum (log(1−m) axis, the paper's ImageNet curve on a second axis),
+accuracy against queue size, grouped bars for augmentation and batch-norm
+settings, per-trial training curves, and a table of every trial with a link
+into the MLflow UI.  Output: PNG files and one self-contained HTML page
+(images embedded), also logged as artifacts of the parent run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .tracking import resolve_tracking_uri  # noqa: E402
+from .tracking.mlflow_log import _client  # noqa: E402
+from .tune.plots import bar_plot, line_plot, momentum_plot  # noqa: E402
+from .tune.summary import summarise, trials_frame  # noqa: E402
+
+PAPER_MOMENTUM = {0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999: 58.9}  # MoCo paper, ImageNet linear top-1
+CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
+          ("staleness_mean", "mean key staleness (steps)"))
+
+
+@dataclass
+class Report:
+    out: Path
+    html: Path | None
+    figures: list[Path] = field(default_factory=list)
+    trials: int = 0
+    message: str = ""
+
+
+def _runs(client, experiment: str, parent_run: str | None):
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ValueError(f"--experiment: no experiment {experiment!r} in this store; it has {names}")
+    if parent_run:
+        try:
+            client.get_run(parent_run)
+        except Exception as err:  # noqa: BLE001 - MLflow raises its own exception types
+            raise ValueError(f"--parent-run: {parent_run!r} is not a run in this store ({err})") from None
+        query = f"tags.`mlflow.parentRunId` = '{parent_run}'"
+    else:
+        query = ""
+    runs = client.search_runs([exp.experiment_id], query, max_results=5000, order_by=["attributes.start_time ASC"])
+    if not parent_run:  # a whole experiment: the trials, not the sweeps' parent runs
+        parents = {r.data.tags.get("mlflow.parentRunId") for r in runs}
+        runs = [r for r in runs if r.info.run_id not in parents]
+    return exp, runs
+
+
+def _varying(df: pd.DataFrame) -> list[str]:
+    keys = []
+    for col in df.columns:
+        if col.startswith("params.") and not col.startswith("params.run.") and df[col].nunique(dropna=True) > 1:
+            keys.append(col[len("params."):])
+    return keys
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    if head[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"{path} is not a PNG")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def _curves(client, df: pd.DataFrame, path: Path) -> Path:
+    """Small multiples: one panel per metric, one line per trial."""
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4), dpi=100)
+    for ax, (key, title) in zip(axes, CURVES):
+        for _, row in df.iterrows():
+            hist = sorted(client.get_metric_history(row["run_id"], key), key=lambda m: m.step)
+            if hist:
+                style = ":" if row["status"] != "finished" else "-"
+                ax.plot([m.step for m in hist], [m.value for m in hist], style, marker=".", label=str(row["label"]))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _table_html(df: pd.DataFrame, varying: list[str], ui: str, experiment_id: str) -> str:
+    cols = ["label", "status"] + [f"params.{k}" for k in varying] + ["linear_top1", "knn_top1", "final_loss"]
+    head = "".join(f"<th>{html.escape(c.replace('params.', ''))}</th>" for c in cols) + "<th>MLflow</th>"
+    rows = []
+    for _, r in df.iterrows():
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if isinstance(v, float):
+                v = "—" if math.isnan(v) else (f"{100 * v:.2f}%" if c.endswith("top1") else f"{v:.4g}")
+            cls = f' class="{html.escape(str(v))}"' if c == "status" else ""
+            cells.append(f"<td{cls}>{html.escape(str(v))}</td>")
+        link = f"{ui}/#/experiments/{experiment_id}/runs/{r['run_id']}"
+        cells.append(f'<td><a href="{html.escape(link)}">{html.escape(r["run_id"][:8])}</a></td>')
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; max-width: 1400px; color: #222; }}
+img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
+td.diverged, td.failed, td.stopped {{ color: #b00; font-weight: bold; }}
+.note {{ color: #555; }}
+</style></head>
+<body>
+<h1>{title}</h1>
+<p class="note">{subtitle}</p>
+{sections}
+<h2>Every trial</h2>
+{table}
+<p id="status" class="note">loading…</p>
+<script>
+window.addEventListener("load", function () {{
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) {{ return i.complete && i.naturalWidth > 0; }}).length;
+  document.getElementById("status").textContent = "images loaded: " + ok + "/" + imgs.length;
+}});
+</script>
+</body></html>
+"""
+
+
+def build_report(experiment: str, out: str | Path, *, parent_run: str | None = None,
+                 tracking_uri: str | None = None, ui_url: str = "http://127.0.0.1:5000",
+                 log_artifacts: bool = True) -> Report:
+    """Render the report; an empty experiment gives a page that says so, never a crash."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client = _client(uri)
+    exp, runs = _runs(client, experiment, parent_run)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    df = trials_frame(runs)
+    title = f"{experiment}" + (f" — sweep {parent_run[:8]}" if parent_run else "")
+    if df.empty:
+        msg = f"experiment '{experiment}' has no trial runs yet" + (f" under parent {parent_run}" if parent_run else "")
+        page = out / "report.html"
+        page.write_text(PAGE.format(title=html.escape(title), subtitle=html.escape(msg), sections="",
+                                    table="<p>No trials.</p>"))
+        return Report(out, page, [], 0, msg)
+
+    varying = _varying(df)
+    figures: list[tuple[str, Path]] = []
+    if "moco.m" in varying:
+        table = summarise(df, "moco.m")
+        figures.append(("Accuracy against momentum (mean ± std over seeds; red: trials that did not finish; "
+                        "the paper's ImageNet numbers on the right axis, a different dataset and scale)",
+                        momentum_plot(table, PAPER_MOMENTUM, out / "momentum.png")))
+    if "queue.size" in varying:
+        table = summarise(df, "queue.size").dropna(subset=["knn_top1_mean"])
+        if not table.empty:
+            figures.append(("Accuracy against queue size K", line_plot(
+                table, "queue.size", "queue size K (log scale)", "Queue-size ablation", out / "queue.png")))
+    for key, name in (("augment.preset", "augmentation"), ("moco.bn", "batchnorm")):
+        if key in varying:
+            figures.append((f"{name.capitalize()} settings (grouped bars: linear probe and kNN)", bar_plot(
+                summarise(df, key), key, f"{name} ablation", out / f"{name}.png")))
+    figures.append(("Training curves of every trial (dotted: did not finish)", _curves(client, df, out / "curves.png")))
+
+    sections = []
+    for caption, path in figures:
+        data = base64.b64encode(path.read_bytes()).decode()
+        sections.append(f"<h2>{html.escape(caption)}</h2>\n<img alt=\"{path.name}\" src=\"data:image/png;base64,{data}\">")
+    n_bad = int((df["status"] != "finished").sum())
+    seeds = df["params.run.seed"].nunique() if "params.run.seed" in df else 1
+    subtitle = (f"{len(df)} trials, {seeds} seed(s), varying {', '.join(varying) or 'nothing'}; "
+                f"{n_bad} did not finish. Store: {uri}")
+    page = out / "report.html"
+    page.write_text(PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle),
+                                sections="\n".join(sections), table=_table_html(df, varying, ui_url, exp.experiment_id)))
+    paths = [p for _, p in figures]
+    if log_artifacts and parent_run:
+        for p in [page, *paths]:
+            client.log_artifact(parent_run, str(p), artifact_path="report")
+    return Report(out, page, paths, len(df), subtitle)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) read from a PNG header; raises ValueError for anything else."""
+    return _png_size(path)

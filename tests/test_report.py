@@ -1,0 +1,126 @@
+"""Reports from a real MLflow store filled through mocolab's own logging code; rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mocolab.config import build_config
+from mocolab.report import build_report, png_size
+from mocolab.tracking import MetricsLogger, RunTracker
+
+
+def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]]) -> str:
+    """A parent run and one child per (m, seed, status), logged as a sweep's trials are."""
+    tracker = RunTracker(uri, experiment)
+    client = MlflowClient(uri)
+    parent = client.create_run(tracker.experiment_id, run_name="sweep", tags={"mocolab.sweep_parent": "sweep"})
+    for m, seed, status in trials:
+        cfg = build_config("smoke", {"moco.m": m, "run.seed": seed})
+        label = f"m={m:g} seed={seed}"
+        child = RunTracker(uri, experiment)
+        run_id, _ = child.start(f"sweep--{label}", cfg.flatten(), cfg.to_dict(), tags={"trial": label},
+                                parent_run_id=parent.info.run_id, display_name=label)
+        log = MetricsLogger(uri, run_id)
+        base = 0.6 + 0.3 * (1 - (1 - m) ** 0.5) + 0.01 * seed
+        for epoch in (1, 2, 3):
+            if status == "diverged" and epoch == 3:
+                break
+            log.log({"loss": 7 - epoch * (m + 0.1), "knn_top1": base - 0.1 + 0.03 * epoch,
+                     "pretext_acc": 0.1 * epoch, "staleness_mean": 4.0}, epoch * 10)
+        if status == "diverged":
+            log.log_final({"final_loss": float("nan")}, 25)
+        else:
+            log.log_final({"linear_top1": base + 0.1, "knn_top1": base, "final_loss": 7 - 3 * m}, 30)
+        child.finish(status)
+    return parent.info.run_id
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    trials = [(m, s, "finished") for m in (0.9, 0.99, 0.999) for s in (0, 1)] + [(0.0, 0, "diverged")]
+    return uri, _fill(uri, "momentum-ablation", trials)
+
+
+def test_report_from_a_real_store(tmp_path, store):
+    uri, parent = store
+    rep = build_report("momentum-ablation", tmp_path / "out", parent_run=parent, tracking_uri=uri)
+    assert rep.trials == 7 and "1 did not finish" in rep.message
+    names = {p.name for p in rep.figures}
+    assert names == {"momentum.png", "curves.png"}
+    assert png_size(tmp_path / "out" / "momentum.png") == (770, 462)
+    assert png_size(tmp_path / "out" / "curves.png") == (1600, 340)
+    page = rep.html.read_text()
+    for label in ["m=0.9 seed=0", "m=0.9 seed=1", "m=0.99 seed=0", "m=0.999 seed=1", "m=0 seed=0"]:
+        assert f">{label}<" in page
+    assert page.count("data:image/png;base64,") == 2 and 'class="diverged"' in page
+    assert "#/experiments/" in page  # links into the MLflow UI
+    client = MlflowClient(uri)
+    logged = {a.path for a in client.list_artifacts(parent, "report")}
+    assert logged == {"report/report.html", "report/momentum.png", "report/curves.png"}
+
+
+def test_single_seed_and_whole_experiment(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _fill(uri, "momentum-ablation", [(0.9, 0, "finished"), (0.999, 0, "finished")])
+    rep = build_report("momentum-ablation", tmp_path / "out", tracking_uri=uri)  # no parent: all trials
+    assert rep.trials == 2 and "1 seed(s)" in rep.message
+    assert png_size(tmp_path / "out" / "momentum.png")[0] > 0
+
+
+def test_empty_and_unknown_experiments(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("empty-study")
+    rep = build_report("empty-study", tmp_path / "out", tracking_uri=uri)
+    assert rep.trials == 0 and "no trial runs" in rep.message and rep.html.exists()
+    with pytest.raises(ValueError, match=r"--experiment: no experiment 'nope'.*empty-study"):
+        build_report("nope", tmp_path / "out2", tracking_uri=uri)
+
+
+def _chromium() -> str | None:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], capture_output=True, timeout=900)
+        if not shutil.which("chromium"):
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], capture_output=True, timeout=900)
+    return shutil.which("chromium")
+
+
+def test_html_opens_in_headless_chromium(tmp_path, store):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium and no root apt-get to install Debian's chromium here")
+    uri, parent = store
+    rep = build_report("momentum-ablation", tmp_path / "out", parent_run=parent, tracking_uri=uri)
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--enable-logging=stderr"]
+    url = Path(rep.html).resolve().as_uri()
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert "images loaded: 2/2" in dom.stdout, dom.stdout[-2000:] + dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, "--window-size=1400,2400", f"--screenshot={shot}", url], capture_output=True,
+                   timeout=120)
+    assert png_size(shot) == (1400, 2400)
+
+
+def test_report_command_line(tmp_path, store, capsys):
+    from mocolab.cli import main
+
+    uri, parent = store
+    assert main(["report", "--experiment", "momentum-ablation", "--parent-run", parent, "--out",
+                 str(tmp_path / "cli"), "--tracking-uri", uri]) == 0
+    assert "report: " in capsys.readouterr().out and (tmp_path / "cli" / "report.html").exists()
+    assert main(["report", "--experiment", "nope", "--out", str(tmp_path / "x"), "--tracking-uri", uri]) == 2
+    assert "no experiment 'nope'" in capsys.readouterr().err
