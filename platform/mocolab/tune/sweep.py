@@ -169,9 +169,22 @@ class ParentRun:
 
 
 # ------------------------------------------------------------------ the trial
+def _report_callback(metric: str | None):
+    """Tune's TuneReportCallback; for a search, only reports that carry the searched metric get through
+    (Optuna reads it from every result; the last epoch's kNN arrives with the final report)."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    class _Callback(TuneReportCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            if metric is not None and metric not in metrics[0]:
+                return
+            super().after_report(run_context, metrics, checkpoint)
+
+    return _Callback()
+
+
 def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker: float) -> None:
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from ..train import fit
 
@@ -179,7 +192,8 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
     cfg = build_config(sweep.preset, over)
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
               tags={SWEEP_TAG: sweep.name, "trial": label}, display_name=label,
-              callbacks=[TuneReportCallback()], progress=print)
+              callbacks=[_report_callback("knn_top1" if sweep.search_space is not None else None)],
+              progress=print)
     nan = float("nan")
     tune.report({"final": 1.0, "status": out.status, "label": label, "epoch": cfg.optim.epochs,
                  "linear_top1": out.linear_top1 if out.linear_top1 is not None else nan,
