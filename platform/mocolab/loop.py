@@ -296,9 +296,6 @@ class Trainer:
         return knn_accuracy(self.features(bank.images), bank.labels, self.features(test.images), test.labels,
                             bank.classes, e.knn_k, e.knn_t)
 
-    def probe(self) -> float:
-        return self.final_eval()[1]
-
     def final_eval(self) -> tuple[float, float]:
         """(kNN top-1, linear top-1) at the end, from one extraction of the features both read.
 

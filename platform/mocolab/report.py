@@ -71,7 +71,8 @@ def _varying(df: pd.DataFrame) -> list[str]:
     return keys
 
 
-def _png_size(path: Path) -> tuple[int, int]:
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) read from a PNG header; raises ValueError for anything else."""
     head = path.read_bytes()[:24]
     if head[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError(f"{path} is not a PNG")
@@ -198,7 +199,3 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
             client.log_artifact(parent_run, str(p), artifact_path="report")
     return Report(out, page, paths, len(df), subtitle)
 
-
-def png_size(path: Path) -> tuple[int, int]:
-    """(width, height) read from a PNG header; raises ValueError for anything else."""
-    return _png_size(path)
