@@ -10,7 +10,7 @@ MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
 FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: setup data run test train clean
+.PHONY: setup data run test test-fast train clean
 
 setup: $(STAMP) data
 
@@ -43,6 +43,10 @@ run: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf runs mlruns mlflow.db .pytest_cache

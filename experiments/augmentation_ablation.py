@@ -8,14 +8,11 @@ pretext (instance-discrimination) accuracy runs near 100 % while kNN suffers.
 """
 
 import sys
-from pathlib import Path
 
-from mocolab.tune.plots import bar_plot
+from mocolab.analysis import bar_plot, fmt_mean_std, summarise
+from mocolab.augment import PRESETS
+from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
-from mocolab.tune.summary import fmt_mean_std, summarise
-from mocolab.tune.sweep import Trial
-
-PRESETS = ("none", "crop", "mocov1", "mocov2", "mocov3")
 
 
 def main() -> int:
@@ -38,7 +35,7 @@ def main() -> int:
     sweep = make_sweep(args, "augmentation-ablation", f"augmentation presets and BN modes ({args.what}), "
                        f"seeds {seeds}", trials)
 
-    def report(parent, trials_df):
+    def report(out_dir, trials_df):
         trials_df = trials_df.assign(**{"params.setting": [
             f"bn={b}" if str(lbl).startswith("bn=") else f"aug={a}"
             for lbl, a, b in zip(trials_df["label"], trials_df["params.augment.preset"], trials_df["params.moco.bn"])]})
@@ -50,7 +47,7 @@ def main() -> int:
             lines.append(f"{r.setting:>14} {fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
                          f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {r.pretext_acc:>9.1f} {r.status:>10}")
         figure = bar_plot(table, "setting", "Augmentation and batch-norm ablations",
-                          Path(parent.sweep.storage) / parent.sweep.name / "augmentation.png")
+                          out_dir / "augmentation.png")
         return "\n".join(lines), figure, table
 
     return run_study(sweep, report)

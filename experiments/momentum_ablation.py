@@ -5,15 +5,12 @@
 """
 
 import sys
-from pathlib import Path
 
-from mocolab.tune.plots import momentum_plot
+from mocolab.analysis import PAPER_MOMENTUM, fmt_mean_std, momentum_plot, summarise, welch_t
+from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
-from mocolab.tune.summary import fmt_mean_std, summarise, welch_t
-from mocolab.tune.sweep import Trial
 
-PAPER = {0.0: None, 0.5: None, 0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999: 58.9}  # ImageNet linear top-1
-PAPER_TEXT = {0.0: "fail", 0.5: "—"}
+PAPER_TEXT = {0.0: "fail"}  # the paper's m = 0 did not train; values it did not run print as —
 
 
 def main() -> int:
@@ -30,9 +27,9 @@ def main() -> int:
     sweep = make_sweep(args, "momentum-ablation", f"MoCo momentum ablation: m in {momenta}, seeds {seeds}, "
                        f"preset {args.preset}", trials)
 
-    def report(parent, trials_df):
+    def report(out_dir, trials_df):
         table = summarise(trials_df, "moco.m")
-        table["paper"] = [PAPER_TEXT.get(m, PAPER.get(m)) for m in table["moco.m"]]
+        table["paper"] = [PAPER_TEXT.get(m, PAPER_MOMENTUM.get(m)) for m in table["moco.m"]]
         lines = [f"{'m':>7} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'final loss':>10} {'status':>10} "
                  f"{'half-life':>9} {'staleness':>9} {'paper':>6}"]
         for _, r in table.iterrows():
@@ -44,7 +41,7 @@ def main() -> int:
         test = welch_t(by_m.get(0.9, []), by_m.get(0.999, []))
         if test is not None:
             lines.append(f"Welch t-test, linear top-1 at m=0.9 vs m=0.999: t = {test[0]:.2f}, p = {test[1]:.3g}")
-        figure = momentum_plot(table, PAPER, Path(parent.sweep.storage) / parent.sweep.name / "momentum.png")
+        figure = momentum_plot(table, PAPER_MOMENTUM, out_dir / "momentum.png")
         return "\n".join(lines), figure, table
 
     return run_study(sweep, report)

@@ -4,15 +4,12 @@
     python experiments/queue_ablation.py --preset cpu-quick --grid --seeds 2    # every K
 """
 
-import math
 import sys
-from pathlib import Path
 
+from mocolab.analysis import fmt_mean_std, line_plot, summarise
 from mocolab.config import build_config, parse_overrides
-from mocolab.tune.plots import line_plot
+from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
-from mocolab.tune.summary import fmt_mean_std, summarise
-from mocolab.tune.sweep import Trial
 
 
 def queue_sizes(preset: str, overrides: list[str]) -> list[int]:
@@ -36,19 +33,11 @@ def main() -> int:
         trials = [Trial(f"K={k} seed={s}", {"queue.size": k, "run.seed": s}) for k in sizes for s in seeds]
         sweep = make_sweep(args, "queue-ablation", f"queue size grid K in {sizes}, seeds {seeds}", trials)
     else:
-        from ray import tune
-        from ray.tune.schedulers import ASHAScheduler
-        from ray.tune.search.optuna import OptunaSearch
+        sweep = make_sweep(args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on kNN top-1", [],
+                           search="optuna", search_space={"queue.size": sizes}, scheduler="asha",
+                           metric="knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
 
-        epochs = build_config(args.preset, parse_overrides(args.set)).optim.epochs
-        sweep = make_sweep(
-            args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on kNN top-1", [],
-            search_space={"queue.size": tune.choice(sizes)}, seeds=seeds, num_samples=args.samples,
-            search_alg=OptunaSearch(metric="knn_top1", mode="max", seed=args.first_seed),
-            scheduler=ASHAScheduler(metric="knn_top1", mode="max", time_attr="epoch", max_t=epochs,
-                                    grace_period=1))
-
-    def report(parent, trials_df):
+    def report(out_dir, trials_df):
         table = summarise(trials_df, "queue.size")
         lines = [f"{'K':>7} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'staleness':>9} {'status':>10}"]
         for _, r in table.iterrows():
@@ -59,7 +48,7 @@ def main() -> int:
         figure = None
         if not ok.empty:
             figure = line_plot(ok, "queue.size", "queue size K (log scale)", "Queue-size ablation",
-                               Path(parent.sweep.storage) / parent.sweep.name / "queue.png")
+                               out_dir / "queue.png")
         return "\n".join(lines), figure, table
 
     return run_study(sweep, report)

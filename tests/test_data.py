@@ -284,6 +284,25 @@ def test_imagefolder_loads_pngs(tmp_path):
     check_readable("imagefolder", str(tmp_path))
 
 
+def test_validation_counts_the_images_the_loader_decodes(tmp_path):
+    """One list of image suffixes: files the loader skips (.bmp, .ppm, .txt, hidden folders) are not counted."""
+    from mocolab.config import build_config
+    from mocolab.data import IMAGE_EXTENSIONS, count_images
+
+    _write_png_folder(tmp_path)
+    for name in ("x.bmp", "y.ppm", "notes.txt"):
+        (tmp_path / "train" / "cat" / name).write_bytes(b"not decoded")
+    (tmp_path / "train" / ".cache").mkdir()
+    (tmp_path / "train" / ".cache" / "z.png").write_bytes(b"ignored")
+    assert ".bmp" not in IMAGE_EXTENSIONS and ".ppm" not in IMAGE_EXTENSIONS
+    train = load_dataset("imagefolder", "train", str(tmp_path), image_size=16)
+    assert count_images(str(tmp_path), "train") == len(train) == 6
+    cfg = build_config("smoke", {"data.name": "imagefolder", "data.root": str(tmp_path), "data.subset": None,
+                                 "optim.batch_size": 2, "queue.size": 4, "moco.bn": "plain"})
+    assert cfg.train_size == 6
+    assert count_images(str(tmp_path / "nope")) is None
+
+
 def test_cifar10_offline_message(tmp_path):
     with pytest.raises(RuntimeError) as info:
         load_dataset("cifar10", "train", str(tmp_path), download=False)

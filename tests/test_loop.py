@@ -4,16 +4,21 @@ import pytest
 
 from mocolab.config import build_config
 from mocolab.data import fashion_mnist_dir
-from mocolab.loop import Trainer, lr_at, run_training
+from mocolab.loop import Trainer, run_training
+from mocolab.schedule import lr_at
 
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
 
 def test_cosine_schedule_ends_at_zero():
     cfg = build_config("smoke")
-    assert lr_at(cfg, 0, 100) == pytest.approx(cfg.optim.lr)
-    assert lr_at(cfg, 50, 100) == pytest.approx(cfg.optim.lr / 2)
-    assert lr_at(cfg, 100, 100) == pytest.approx(0.0, abs=1e-12)
+    o = cfg.optim
+    assert lr_at(o.schedule, o.lr, 0, 100) == pytest.approx(o.lr)
+    assert lr_at(o.schedule, o.lr, 50, 100) == pytest.approx(o.lr / 2)
+    assert lr_at(o.schedule, o.lr, 100, 100) == pytest.approx(0.0, abs=1e-12)
+    assert lr_at("constant", o.lr, 100, 100) == o.lr
+    with pytest.raises(ValueError, match="optim.schedule"):
+        lr_at("step", o.lr, 0, 100)
 
 
 @needs_fmnist

@@ -12,7 +12,8 @@ from mlflow.tracking import MlflowClient
 
 from mocolab.data import fashion_mnist_dir
 from mocolab.tune import Sweep, Trial, run_sweep
-from mocolab.tune.summary import summarise, trials_frame, welch_t
+from mocolab.analysis import summarise, welch_t
+from mocolab.tracking import trials_frame
 
 REPO = Path(__file__).resolve().parents[1]
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")

@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 
-from .config import build_config, list_presets
+from . import __version__
+from .config import CHOICES, build_config, list_presets
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -50,9 +51,14 @@ def _report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mocolab", description="Momentum Contrast experiments.")
+    parser.add_argument("--version", action="version", version=f"mocolab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    choices = "\n".join(f"  {key:<16} {', '.join(values)}" for key, values in CHOICES.items())
     tr = sub.add_parser("train", help="train one MoCo model with Ray Train (run.num_workers workers; 0 = this "
-                        "process), log it to MLflow, and report the linear probe")
+                        "process), log it to MLflow, and report the linear probe",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog=f"fields with a fixed set of values (--set KEY=VALUE):\n{choices}\n"
+                               f"every field and its value: --print-config")
     tr.add_argument("--preset", default="cpu-quick", help=f"one of {list_presets()} (default cpu-quick)")
     tr.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a config field, e.g. --set moco.m=0.9 (repeatable)")

@@ -20,20 +20,23 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+# Every list of allowed values is defined once, beside the code that implements it.
+from .augment import PRESETS as AUGMENT_PRESETS
+from .data import DATASETS, TRAIN_SIZES, count_images
+from .dist import BN_MODES, LAYOUTS as QUEUE_LAYOUTS
+from .hardware import DEVICES, PRECISIONS
+from .models import BACKBONES, HEADS
+from .queue import POLICIES as QUEUE_POLICIES
+from .schedule import LR_SCHEDULES
+
 PRESET_DIR = Path(__file__).with_name("presets")
 
-DATASET_NAMES = ("fashion-mnist", "cifar10", "stl10", "imagefolder", "synthetic")
-# Training-set sizes of the named datasets, so that K < N is checked without loading data.
-DATASET_TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000, "stl10": 5_000}
-AUGMENT_PRESETS = ("mocov1", "mocov2", "mocov3", "crop", "none")
-BACKBONES = ("convnet", "resnet18", "resnet50")
-HEADS = ("linear", "mlp")
-BN_MODES = ("shuffle", "split", "sync", "plain")
-QUEUE_POLICIES = ("fifo",)
-QUEUE_LAYOUTS = ("replicated", "sharded")
-LR_SCHEDULES = ("cosine", "constant")
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "auto")
+# Config fields with a closed set of values -> the values (validation and the CLI's help read this).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.name": DATASETS, "augment.preset": AUGMENT_PRESETS, "model.backbone": BACKBONES, "model.head": HEADS,
+    "moco.bn": BN_MODES, "queue.policy": QUEUE_POLICIES, "queue.layout": QUEUE_LAYOUTS,
+    "optim.schedule": LR_SCHEDULES, "run.device": DEVICES, "run.precision": PRECISIONS,
+}
 
 
 @dataclass
@@ -149,9 +152,9 @@ class Config:
         if d.name == "synthetic":
             n: int | None = d.synthetic_size
         elif d.name == "imagefolder":
-            n = _count_imagefolder(d.root)
+            n = count_images(d.root, "train")
         else:
-            n = DATASET_TRAIN_SIZES.get(d.name)
+            n = TRAIN_SIZES.get(d.name)
         if n is not None and d.subset is not None:
             n = min(n, d.subset)
         return n
@@ -314,16 +317,9 @@ def _range(name: str, value: float, lo: float | None = None, hi: float | None = 
 def validate(cfg: Config) -> Config:
     """Every check that can fail cheaply, run before any data is read or process started."""
     d, a, mo, mc, q, o, e, r = cfg.data, cfg.augment, cfg.model, cfg.moco, cfg.queue, cfg.optim, cfg.eval, cfg.run
-    _choice("data.name", d.name, DATASET_NAMES)
-    _choice("augment.preset", a.preset, AUGMENT_PRESETS)
-    _choice("model.backbone", mo.backbone, BACKBONES)
-    _choice("model.head", mo.head, HEADS)
-    _choice("moco.bn", mc.bn, BN_MODES)
-    _choice("queue.policy", q.policy, QUEUE_POLICIES)
-    _choice("queue.layout", q.layout, QUEUE_LAYOUTS)
-    _choice("optim.schedule", o.schedule, LR_SCHEDULES)
-    _choice("run.device", r.device, DEVICES)
-    _choice("run.precision", r.precision, PRECISIONS)
+    flat = cfg.flatten()
+    for key, allowed in CHOICES.items():
+        _choice(key, flat[key], allowed)
 
     _range("moco.m", mc.m, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
     _range("moco.tau", mc.tau, 0.0, lo_open=True, allowed="tau > 0")
@@ -414,16 +410,3 @@ def _check_data_path(d: DataConfig) -> None:
         raise ValueError(f"data.root: {root!r} does not exist")
     if p.exists() and not (p.is_dir() and os.access(p, os.R_OK | os.X_OK)):
         raise ValueError(f"data.root: {root!r} is not a readable folder")
-
-
-_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".webp"}
-
-
-def _count_imagefolder(root: str | None) -> int | None:
-    """Files under root/train/*/ (a directory walk, no decoding)."""
-    if not root:
-        return None
-    train = Path(root).expanduser() / "train"
-    if not train.is_dir():
-        return None
-    return sum(1 for p in train.glob("*/*") if p.suffix.lower() in _IMAGE_SUFFIXES)

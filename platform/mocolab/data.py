@@ -27,9 +27,12 @@ import torch
 __all__ = [
     "DATASETS",
     "FASHION_MNIST_FILES",
+    "IMAGE_EXTENSIONS",
+    "TRAIN_SIZES",
     "ImageDataset",
     "batches_per_epoch",
     "check_readable",
+    "count_images",
     "default_data_root",
     "fashion_mnist_dir",
     "iterate_batches",
@@ -38,6 +41,8 @@ __all__ = [
 ]
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "cifar10", "stl10", "imagefolder", "synthetic")
+# Training-set sizes of the named datasets, so that config validation checks K < N without loading data.
+TRAIN_SIZES: dict[str, int] = {"fashion-mnist": 60_000, "cifar10": 50_000, "stl10": 5_000}
 SPLITS: tuple[str, ...] = ("train", "test")
 
 # Names of the official Fashion-MNIST release (each may also lie uncompressed).
@@ -51,6 +56,7 @@ FASHION_MNIST_FILES: dict[str, tuple[str, str]] = {
 # the "not found anywhere" message on a machine that has the package.
 SYSTEM_FASHION_MNIST_DIRS: tuple[str, ...] = ("/usr/share/datasets/fashion-mnist",)
 
+# The files an imagefolder holds: what its loader decodes and what validation counts.
 IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp", ".gif")
 DEFAULT_IMAGEFOLDER_SIZE = 64
 SYNTHETIC_CLASSES = 10
@@ -390,6 +396,24 @@ def _class_dirs(folder: Path) -> list[str]:
         raise ValueError(f"data.root: cannot list {str(folder)!r}: {exc}") from exc
 
 
+def _image_files(folder: Path) -> list[Path]:
+    """The images of one class folder, sorted: the files the loader decodes and ``count_images`` counts."""
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+def count_images(root: str | os.PathLike[str] | None, split: str = "train") -> int | None:
+    """Images under root/<split>/<class>/ by a directory walk (no decoding); None where there is no such folder."""
+    if not root:
+        return None
+    folder = Path(root).expanduser() / split
+    if not folder.is_dir():
+        return None
+    try:
+        return sum(len(_image_files(folder / cls)) for cls in _class_dirs(folder))
+    except (OSError, ValueError):
+        return None
+
+
 @functools.lru_cache(maxsize=8)
 def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDataset:
     from torchvision.io import ImageReadMode, decode_image, read_file
@@ -426,7 +450,7 @@ def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDat
                 f"{class_source.name}/ classes {class_names}"
             )
         try:
-            files = sorted(p for p in (folder / cls).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+            files = _image_files(folder / cls)
         except OSError as exc:
             raise ValueError(f"data.root: cannot list {str(folder / cls)!r}: {exc}") from exc
         for file in files:

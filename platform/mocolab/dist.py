@@ -7,7 +7,7 @@ process group not initialised everything degrades to one process (W = 1).
 Notation in the comments: B = per-rank batch, W = world size, G = B·W the
 global batch, K = global queue size, C = embedding dim.
 
-Queue layouts (DESIGN.md, "Queue: replicated and sharded").  Logically there
+Queue layouts (docs/ARCHITECTURE.md, "Queue layouts").  Logically there
 is one FIFO of K keys; batch n of the global stream (G keys, rank-major: rank
 0's B keys, then rank 1's, ...) occupies global slots ``(n mod K/G)·G ..+G``.
 
@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
 
-LAYOUTS = ("replicated", "sharded")
+LAYOUTS = ("replicated", "sharded")  # queue.layout
+BN_MODES = ("shuffle", "split", "sync", "plain")  # moco.bn: how key batch-norm is kept from cheating
 
 # gloo gained reduce_scatter in torch 2.8; older gloo falls back to all_reduce + slice.
 _TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -172,7 +173,7 @@ def build_shuffler(bn_mode: str, generator_seed: int | None = None):
         return LocalShuffle(gen)
     if bn_mode in ("plain", "sync"):
         return NoShuffle()
-    raise ValueError(f"moco.bn: unknown mode {bn_mode!r}; allowed shuffle, split, sync, plain")
+    raise ValueError(f"moco.bn: unknown mode {bn_mode!r}; allowed {', '.join(BN_MODES)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,10 +183,15 @@ def build_shuffler(bn_mode: str, generator_seed: int | None = None):
 class ReplicatedKeyQueue(KeyQueue):
     """Every rank holds all K keys; ``enqueue`` all-gathers the B·W keys first.
 
-    Construct with ``batch_size`` = the global batch B·W.  ``contrast`` is
+    ``batch_size`` is the per-rank batch B, as everywhere.  ``contrast`` is
     KeyQueue's, local: this rank's B queries against all K keys.  Keep the
     buffers out of DDP's per-step buffer broadcast (K×C each step otherwise).
     """
+
+    def __init__(self, size: int, dim: int, batch_size: int, generator: torch.Generator | None = None, *,
+                 world_size: int | None = None) -> None:
+        world = rank_and_world()[1] if world_size is None else world_size
+        super().__init__(size, dim, batch_size, generator, world_size=world)
 
     @torch.no_grad()
     def enqueue(self, keys: torch.Tensor, step: int) -> None:
@@ -196,8 +202,9 @@ class ReplicatedKeyQueue(KeyQueue):
 class ShardedKeyQueue(KeyQueue):
     """Rank r holds K/W of the K slots: its own B keys of every global batch.
 
-    Buffers (``keys`` (K/W)×C, ``write_step``, ``ptr``) are this rank's ring;
-    ``size`` = K/W and ``batch_size`` = B locally, ``global_size`` = K.  Local
+    Buffers (``keys`` (K/W)×C, ``write_step``, ``ptr``) are this rank's ring
+    of ``shard_size`` = ``slots`` = K/W; ``size`` = K and ``batch_size`` = B,
+    as in every queue, and each ``enqueue`` writes this rank's B keys.  Local
     slot ``n·B + i`` is global slot ``n·G + r·B + i`` of the replicated queue
     (G = B·W); both rings wrap after K/G batches, so the union of the shards
     equals the replicated queue at every step.  The random initial keys are
@@ -234,7 +241,9 @@ class ShardedKeyQueue(KeyQueue):
                              f"= {world}×{batch_size} = {g} for the sharded layout")
         # The base draws its own random init; give it a throwaway generator and overwrite below.
         super().__init__(size // world, dim, batch_size, generator=torch.Generator().manual_seed(0))
-        self.rank, self.world_size, self.global_size = rank, world, size
+        # the base built a one-process ring of K/W slots fed B keys a step; name the logical queue
+        self.rank, self.world_size, self.size, self.shard_size = rank, world, size, size // world
+        self.global_batch = batch_size * world
         full = F.normalize(torch.randn(size, dim, generator=generator), dim=1)  # K×C, as KeyQueue draws it
         self.keys.copy_(full.view(size // g, world, batch_size, dim)[:, rank].reshape(size // world, dim))
 
@@ -266,9 +275,9 @@ class ShardedKeyQueue(KeyQueue):
     @torch.no_grad()
     def _global_order(self, local: torch.Tensor) -> torch.Tensor:
         """local: (K/W)×… this rank's slots -> K×… in global (replicated) slot order, oldest first."""
-        world, b, g = self.world_size, self.batch_size, self.batch_size * self.world_size
-        parts = _all_gather_cat(local.contiguous()).view(world, self.global_size // g, b, *local.shape[1:])
-        flat = parts.transpose(0, 1).reshape(self.global_size, *local.shape[1:])  # slot n·G + r·B + i
+        world, b, g = self.world_size, self.batch_size, self.global_batch
+        parts = _all_gather_cat(local.contiguous()).view(world, self.size // g, b, *local.shape[1:])
+        flat = parts.transpose(0, 1).reshape(self.size, *local.shape[1:])  # slot n·G + r·B + i
         p = int(self.ptr) // b * g  # the replicated queue's ptr
         return torch.cat([flat[p:], flat[:p]])
 
@@ -304,5 +313,5 @@ def build_queue(layout: str, size: int, dim: int, per_rank_batch: int,
     if world == 1:
         return KeyQueue(size, dim, per_rank_batch, generator=generator)
     if layout == "replicated":
-        return ReplicatedKeyQueue(size, dim, per_rank_batch * world, generator=generator)
+        return ReplicatedKeyQueue(size, dim, per_rank_batch, generator=generator, world_size=world)
     return ShardedKeyQueue(size, dim, per_rank_batch, generator=generator)

@@ -16,12 +16,15 @@ from typing import Callable
 import torch
 
 from . import data as datasets
+from . import dist as mdist
+from . import rng
 from .augment import build_augmentation
 from .config import Config
 from .evaluation import extract_features, knn_accuracy, linear_probe
+from .hardware import resolve_device, resolve_precision
 from .models import build_encoder
 from .moco import MoCo
-from . import dist as mdist
+from .schedule import lr_at
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
 # a uniform guess, so 10× that is far outside anything training produces.
@@ -86,30 +89,6 @@ class TrainResult:
     knn_top1_init: float | None = None
 
 
-def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
-    """None for float32; bfloat16 for 'bf16', or for 'auto' where the hardware computes it natively
-    (AVX-512 BF16 / AMX on CPU, Ampere+ on GPU) - elsewhere emulated bf16 would be slower than fp32."""
-    if name == "fp32":
-        return None
-    if name == "bf16":
-        return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    try:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        native = False
-    return torch.bfloat16 if native else None
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("run.device: 'cuda' was asked for but no GPU is visible; use 'auto' or 'cpu'")
-    return torch.device(name)
-
-
 def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
     if n is None or n >= len(ds):
         return ds
@@ -124,11 +103,13 @@ def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset
     return _subset(train, d.subset), test
 
 
-def lr_at(cfg: Config, step: int, total_steps: int) -> float:
-    o = cfg.optim
-    if o.schedule == "constant":
-        return o.lr
-    return o.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(1, total_steps)))
+@dataclass
+class StepResult:
+    """What one training step reports: its loss, pretext accuracy and learning rate."""
+    loss: float
+    pretext_acc: float
+    lr: float
+    diverged: bool  # loss not finite or above the divergence threshold: no update was applied
 
 
 class Trainer:
@@ -149,18 +130,19 @@ class Trainer:
         if len(train) < cfg.optim.batch_size:
             raise ValueError(f"optim.batch_size: {cfg.optim.batch_size} is larger than the training set "
                              f"({len(train)} images)")
-        init_gen = torch.Generator().manual_seed(cfg.run.seed)
+        seed = cfg.run.seed
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
+            torch.manual_seed(rng.stream_seed("init", seed))  # the same initial weights on every rank
             mc, mo = cfg.moco, cfg.model
             groups = mc.bn_groups if mc.bn == "split" else 1
             encoder = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim,
                                     hidden=mo.hidden, bn_groups=groups)
             if mc.bn == "sync":
                 encoder = torch.nn.SyncBatchNorm.convert_sync_batchnorm(encoder)
-            queue = mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch, generator=init_gen)
-        # split: in-process shuffle drawing from the trainer's RNG; shuffle: rank 0's own generator
-        shuffler = mdist.build_shuffler(mc.bn, cfg.run.seed + 1 if mc.bn == "shuffle" else None)
+            queue = mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch,
+                                      generator=rng.generator("queue", seed))
+        # split: in-process shuffle drawing from the augment stream; shuffle: rank 0's own generator
+        shuffler = mdist.build_shuffler(mc.bn, rng.stream_seed("shuffle", seed) if mc.bn == "shuffle" else None)
         self.precision = resolve_precision(cfg.run.precision, self.device)
         self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler,
                           encoder_dtype=self.precision).to(self.device)
@@ -172,15 +154,14 @@ class Trainer:
         o = cfg.optim
         self.optimizer = torch.optim.SGD(self.encoder.parameters(), lr=o.lr, momentum=o.momentum,
                                          weight_decay=o.weight_decay)
-        # Augmentation and key-shuffle draws come from torch's global generator (kornia uses it);
-        # the trainer keeps its own copy of that state, different per rank, and swaps it in
-        # while it trains, so two trainers in one process and a resumed run draw alike.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.run.seed * 1000 + 17 + rank)
-            self.rng_state = torch.get_rng_state()
+        # The augment stream is torch's global generator (kornia draws from it): the trainer keeps
+        # its state and swaps it in while it trains (see rng.py).
+        self.rng_state = rng.global_state("augment", seed, rank=rank)
         self.steps_per_epoch = datasets.batches_per_epoch(len(train), self.batch, world_size)
         planned = o.epochs * self.steps_per_epoch
         self.total_steps = min(planned, o.max_steps) if o.max_steps else planned
+        # log(1 + K) is the loss of a uniform guess; a loss DIVERGENCE_FACTOR times that (or NaN) has diverged
+        self.divergence_threshold = DIVERGENCE_FACTOR * math.log(1 + cfg.queue.size)
         self.step = 0
         self.epoch = 0
         self.history: list[EpochRecord] = []
@@ -189,7 +170,11 @@ class Trainer:
     def epoch_order(self, epoch: int) -> torch.Generator:
         """Data order of an epoch: a function of (seed, epoch) alone, identical on every rank,
         different each epoch, and reproducible after a restart in the middle of an epoch."""
-        return torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + epoch)
+        return rng.generator("data", self.cfg.run.seed, epoch=epoch)
+
+    def lr(self, step: int) -> float:
+        o = self.cfg.optim
+        return lr_at(o.schedule, o.lr, step, self.total_steps)
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
@@ -247,10 +232,31 @@ class Trainer:
                 self.rng_state = torch.get_rng_state()
         return result
 
+    def train_step(self, images: torch.Tensor) -> StepResult:
+        """One MoCo step on this rank's uint8 batch (B×C×H×W): the whole algorithm, top to bottom.
+
+        Augmentation draws from torch's global generator: ``train_epoch`` swaps
+        the trainer's augment stream in around its steps (rng.py).
+        """
+        lr = self.lr(self.step)  # cosine schedule over the run's steps
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        im_q, im_k = self.augment(images.to(self.device, non_blocking=True))  # two views: B×C×H×W each
+        # MoCo forward: query encoder, EMA update of the key encoder, keys on a shuffled batch,
+        # InfoNCE against the queue, enqueue the keys (moco.py)
+        out = self.model(im_q, im_k)
+        loss = float(out.loss.detach())
+        if not math.isfinite(loss) or loss > self.divergence_threshold:
+            return StepResult(loss, 0.0, lr, diverged=True)  # no update from a garbage loss
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()  # gradients reach the query encoder only; DDP averages them across ranks
+        self.optimizer.step()
+        self.step += 1
+        return StepResult(loss, out.pretext_accuracy, lr, diverged=False)
+
     def _train_epoch(self, progress, on_step) -> tuple[float, float, float, bool]:
-        model, cfg, st = self.model, self.cfg, self.epoch_stats
-        model.train()
-        threshold = DIVERGENCE_FACTOR * math.log(1 + cfg.queue.size)
+        st = self.epoch_stats
+        self.model.train()
         done_in_epoch = self.step - self.epoch * self.steps_per_epoch  # > 0 after a mid-epoch restart
         report_every = max(1, self.steps_per_epoch // 4)
         t0 = time.perf_counter() - st.seconds
@@ -261,20 +267,10 @@ class Trainer:
                 continue
             if self.step >= self.total_steps:
                 break
-            lr = lr_at(cfg, self.step, self.total_steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            im_q, im_k = self.augment(images.to(self.device, non_blocking=True))
-            out = model(im_q, im_k)
-            loss = out.loss
-            value = float(loss.detach())
-            if not math.isfinite(value) or value > threshold:
-                return value, 0.0, 0.0, True
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            self.step += 1
-            st.add(value, out.pretext_accuracy, images.shape[0] * self.world_size)
+            res = self.train_step(images)
+            if res.diverged:
+                return res.loss, 0.0, 0.0, True
+            st.add(res.loss, res.pretext_acc, images.shape[0] * self.world_size)
             st.seconds = time.perf_counter() - t0
             if progress is not None and (i + 1) % report_every == 0 and i + 1 < self.steps_per_epoch:
                 progress(f"  epoch {self.epoch + 1} step {self.step}/{self.total_steps} "
@@ -357,7 +353,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         due = e.knn_every and tr.epoch % e.knn_every == 0 and not last  # the last one comes with the probe
         knn = tr.knn() if main and due else None
         s_mean, s_max = tr.model.queue.staleness(tr.step)
-        rec = EpochRecord(tr.epoch, tr.step, loss, lr_at(cfg, tr.step - 1, tr.total_steps), cfg.moco.m, pretext,
+        rec = EpochRecord(tr.epoch, tr.step, loss, tr.lr(tr.step - 1), cfg.moco.m, pretext,
                           knn, rate, s_mean, s_max, cfg.ema_half_life, cfg.max_staleness,
                           time.perf_counter() - t0)
         tr.history.append(rec)

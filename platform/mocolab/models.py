@@ -13,6 +13,9 @@ from torch import nn
 
 from .norm import convert_split_bn
 
+BACKBONES = ("convnet", "resnet18", "resnet50")
+HEADS = ("linear", "mlp")  # MoCo v1: linear, v2: MLP
+
 
 class ConvNet(nn.Module):
     """Four conv-BN-ReLU blocks (w, 2w, 4w, 8w channels), three 2×2 max-pools, global average pool.
@@ -57,7 +60,7 @@ def build_backbone(name: str, in_channels: int, width: int = 32) -> nn.Module:
         return _torchvision_resnet("resnet18", in_channels, cifar_stem=True)
     if name == "resnet50":
         return _torchvision_resnet("resnet50", in_channels, cifar_stem=False)
-    raise ValueError(f"model.backbone: unknown value {name!r}; choose one of ['convnet', 'resnet18', 'resnet50']")
+    raise ValueError(f"model.backbone: unknown value {name!r}; choose one of {list(BACKBONES)}")
 
 
 def build_head(kind: str, in_dim: int, dim: int, hidden: int = 0) -> nn.Module:
@@ -66,7 +69,7 @@ def build_head(kind: str, in_dim: int, dim: int, hidden: int = 0) -> nn.Module:
     if kind == "mlp":
         hidden = hidden or in_dim
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, dim))
-    raise ValueError(f"model.head: unknown value {kind!r}; choose one of ['linear', 'mlp']")
+    raise ValueError(f"model.head: unknown value {kind!r}; choose one of {list(HEADS)}")
 
 
 class Encoder(nn.Module):

@@ -16,15 +16,29 @@ from torch import nn
 
 from .moco_loss import info_nce
 
+POLICIES = ("fifo",)  # queue.policy: how an enqueued key chooses the slot it replaces
+
 
 class KeyQueue(nn.Module):
-    def __init__(self, size: int, dim: int, batch_size: int, generator: torch.Generator | None = None) -> None:
+    """A ring of ``size`` = K slots that receives the global batch of keys every step.
+
+    Names used by every queue (dist.py's layouts too): ``size`` K, the logical
+    queue; ``batch_size`` B, the per-rank batch; ``world_size`` W;
+    ``global_batch`` B·W; ``slots`` the keys this process holds (K here, K/W
+    for a shard); ``enqueue_batch`` the keys one ``enqueue`` writes here.
+    """
+
+    def __init__(self, size: int, dim: int, batch_size: int, generator: torch.Generator | None = None, *,
+                 world_size: int = 1) -> None:
         super().__init__()
         if size <= 0:
             raise ValueError(f"queue.size: {size} must be > 0")
-        if batch_size <= 0 or size % batch_size:
-            raise ValueError(f"queue.size: {size} must be a positive multiple of the batch {batch_size}")
-        self.size, self.dim, self.batch_size = size, dim, batch_size
+        if batch_size <= 0 or world_size <= 0 or size % (batch_size * world_size):
+            raise ValueError(f"queue.size: {size} must be a positive multiple of the global batch "
+                             f"{batch_size * world_size}")
+        self.size, self.dim, self.batch_size, self.world_size = size, dim, batch_size, world_size
+        self.global_batch = batch_size * world_size
+        self.slots, self.enqueue_batch = size, self.global_batch
         # Random unit vectors until real keys arrive, as in the MoCo reference; write_step -1 marks them.
         self.register_buffer("keys", F.normalize(torch.randn(size, dim, generator=generator), dim=1))
         self.register_buffer("write_step", torch.full((size,), -1, dtype=torch.long))
@@ -32,14 +46,14 @@ class KeyQueue(nn.Module):
 
     @torch.no_grad()
     def enqueue(self, keys: torch.Tensor, step: int) -> None:
-        """Overwrite the oldest ``batch_size`` slots with ``keys`` (B×C)."""
+        """Overwrite the oldest ``enqueue_batch`` slots with ``keys`` (enqueue_batch×C)."""
         b = keys.shape[0]
-        if b != self.batch_size:
-            raise ValueError(f"enqueue got {b} keys; the queue was built for batches of {self.batch_size}")
+        if b != self.enqueue_batch:
+            raise ValueError(f"enqueue got {b} keys; the queue was built for batches of {self.enqueue_batch}")
         p = int(self.ptr)
         self.keys[p:p + b] = keys.detach().to(self.keys.dtype)
         self.write_step[p:p + b] = step
-        self.ptr.fill_((p + b) % self.size)
+        self.ptr.fill_((p + b) % self.slots)
 
     def negative_logits(self, q: torch.Tensor) -> torch.Tensor:
         """q: N×C -> N×K similarities to every key.
@@ -75,4 +89,5 @@ class KeyQueue(nn.Module):
 
     @property
     def max_staleness(self) -> float:
-        return self.size / self.batch_size
+        """K / (B·W): the age in steps of the oldest key in a full FIFO queue."""
+        return self.size / self.global_batch

@@ -24,12 +24,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .tracking import resolve_tracking_uri  # noqa: E402
-from .tracking.mlflow_log import _client  # noqa: E402
-from .tune.plots import bar_plot, line_plot, momentum_plot  # noqa: E402
-from .tune.summary import summarise, trials_frame  # noqa: E402
+from .analysis import PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, summarise  # noqa: E402
+from .tracking import Store, trials_frame  # noqa: E402
 
-PAPER_MOMENTUM = {0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999: 58.9}  # MoCo paper, ImageNet linear top-1
 CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
           ("staleness_mean", "mean key staleness (steps)"))
 
@@ -43,24 +40,15 @@ class Report:
     message: str = ""
 
 
-def _runs(client, experiment: str, parent_run: str | None):
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        names = sorted(e.name for e in client.search_experiments())
-        raise ValueError(f"--experiment: no experiment {experiment!r} in this store; it has {names}")
-    if parent_run:
-        try:
-            client.get_run(parent_run)
-        except Exception as err:  # noqa: BLE001 - MLflow raises its own exception types
-            raise ValueError(f"--parent-run: {parent_run!r} is not a run in this store ({err})") from None
-        query = f"tags.`mlflow.parentRunId` = '{parent_run}'"
-    else:
-        query = ""
-    runs = client.search_runs([exp.experiment_id], query, max_results=5000, order_by=["attributes.start_time ASC"])
-    if not parent_run:  # a whole experiment: the trials, not the sweeps' parent runs
-        parents = {r.data.tags.get("mlflow.parentRunId") for r in runs}
-        runs = [r for r in runs if r.info.run_id not in parents]
-    return exp, runs
+def _runs(store: Store, experiment: str, parent_run: str | None):
+    """(experiment id, trial runs): a sweep's children, or every trial of the experiment."""
+    exp_id = store.experiment_id(experiment)
+    if exp_id is None:
+        raise ValueError(f"--experiment: no experiment {experiment!r} in this store; it has "
+                         f"{store.experiment_names()}")
+    if parent_run and not store.run_exists(parent_run):
+        raise ValueError(f"--parent-run: {parent_run!r} is not a run in this store")
+    return exp_id, store.trial_runs(exp_id, parent_run)
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
@@ -79,15 +67,15 @@ def png_size(path: Path) -> tuple[int, int]:
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
-def _curves(client, df: pd.DataFrame, path: Path) -> Path:
+def _curves(store: Store, df: pd.DataFrame, path: Path) -> Path:
     """Small multiples: one panel per metric, one line per trial."""
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4), dpi=100)
     for ax, (key, title) in zip(axes, CURVES):
         for _, row in df.iterrows():
-            hist = sorted(client.get_metric_history(row["run_id"], key), key=lambda m: m.step)
+            hist = store.metric_history(row["run_id"], key)
             if hist:
                 style = ":" if row["status"] != "finished" else "-"
-                ax.plot([m.step for m in hist], [m.value for m in hist], style, marker=".", label=str(row["label"]))
+                ax.plot([h[0] for h in hist], [h[1] for h in hist], style, marker=".", label=str(row["label"]))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -150,9 +138,9 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
                  tracking_uri: str | None = None, ui_url: str = "http://127.0.0.1:5000",
                  log_artifacts: bool = True) -> Report:
     """Render the report; an empty experiment gives a page that says so, never a crash."""
-    uri = resolve_tracking_uri(tracking_uri)
-    client = _client(uri)
-    exp, runs = _runs(client, experiment, parent_run)
+    store = Store(tracking_uri)
+    uri = store.uri
+    experiment_id, runs = _runs(store, experiment, parent_run)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     df = trials_frame(runs)
@@ -180,7 +168,7 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
         if key in varying:
             figures.append((f"{name.capitalize()} settings (grouped bars: linear probe and kNN)", bar_plot(
                 summarise(df, key), key, f"{name} ablation", out / f"{name}.png")))
-    figures.append(("Training curves of every trial (dotted: did not finish)", _curves(client, df, out / "curves.png")))
+    figures.append(("Training curves of every trial (dotted: did not finish)", _curves(store, df, out / "curves.png")))
 
     sections = []
     for caption, path in figures:
@@ -192,10 +180,9 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
                 f"{n_bad} did not finish. Store: {uri}")
     page = out / "report.html"
     page.write_text(PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle),
-                                sections="\n".join(sections), table=_table_html(df, varying, ui_url, exp.experiment_id)))
+                                sections="\n".join(sections), table=_table_html(df, varying, ui_url, experiment_id)))
     paths = [p for _, p in figures]
     if log_artifacts and parent_run:
-        for p in [page, *paths]:
-            client.log_artifact(parent_run, str(p), artifact_path="report")
+        store.log_artifacts(parent_run, [page, *paths], artifact_path="report")
     return Report(out, page, paths, len(df), subtitle)
 

@@ -1,5 +1,15 @@
-"""MLflow: a run per training (child of a sweep's parent run), logged by rank 0 only."""
+"""MLflow, spoken in one place: run per training, sweep parent runs, the store that reports read.
 
-from .mlflow_log import MetricsLogger, RunTracker, check_tracking_uri, resolve_tracking_uri
+This is the only package outside the tests that imports ``mlflow``, and it
+never imports Ray.
+"""
 
-__all__ = ["MetricsLogger", "RunTracker", "check_tracking_uri", "resolve_tracking_uri"]
+from .mlflow_log import MetricsLogger, RunTracker
+from .source import git_commit, ray_job_id
+from .store import (FAILURE_TAG, PARENT_ID_TAG, PARENT_TAG, RUN_NAME_TAG, STATUS_TAG, SWEEP_TAG, Store, SweepRun,
+                    trials_frame)
+from .uri import check_tracking_uri, resolve_tracking_uri
+
+__all__ = ["FAILURE_TAG", "MetricsLogger", "PARENT_ID_TAG", "PARENT_TAG", "RUN_NAME_TAG", "RunTracker", "STATUS_TAG",
+           "SWEEP_TAG", "Store", "SweepRun", "check_tracking_uri", "git_commit", "ray_job_id", "resolve_tracking_uri",
+           "trials_frame"]

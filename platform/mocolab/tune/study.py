@@ -8,10 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import pandas as pd
+
 from ..config import list_presets, parse_overrides
-from ..tracking import resolve_tracking_uri
-from .summary import log_to_parent, trials_frame
-from .sweep import ParentRun, Sweep, Trial, run_sweep
+from ..report import build_report
+from .sweep import Sweep, Trial, resolve_sweep, run_sweep, sweep_dir
+
+# What a study's report function returns: the printed summary, its plot (or None) and its table.
+StudyReport = tuple[str, Path | None, pd.DataFrame]
 
 
 def study_parser(description: str, default_name: str) -> argparse.ArgumentParser:
@@ -46,6 +50,8 @@ def seeds_of(args: argparse.Namespace) -> list[int]:
 
 def make_sweep(args: argparse.Namespace, study: str, description: str, trials: list[Trial],
                **search: Any) -> Sweep:
+    """The Sweep the common flags describe; ``search`` passes a search's fields (``search="optuna"``,
+    ``search_space``, ``scheduler``, ``metric``, ``num_samples``, ``seeds``) through."""
     name = args.name or f"{args.default_name}-{args.preset}-s{args.first_seed}"
     return Sweep(study=study, name=name, preset=args.preset, description=description,
                  base_overrides=parse_overrides(args.set), trials=trials,
@@ -75,32 +81,31 @@ def check_cluster() -> None:
                          f"(`ray start --head`) or unset RAY_ADDRESS to run on a local Ray") from None
 
 
-def run_study(sweep: Sweep, report: Callable[[ParentRun, Any], tuple[str, Path | None, Any]]) -> int:
-    """Run the sweep, then ``report(parent, trials_df) -> (text, figure, table)``; print and log it."""
+def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
+    """Run the sweep, then ``report(out_dir, trials) -> (text, figure, table)``; print and log it.
+
+    ``out_dir`` is the sweep's folder (``<storage>/<name>``, absolute), where the study saves its plot.
+    """
+    sweep = resolve_sweep(sweep)
     try:
         check_cluster()
         parent, _ = run_sweep(sweep)
-        sweep = parent.sweep
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    trials = trials_frame(parent.children())
+    trials = parent.trials()
     if trials.empty:
         print("no trial finished: nothing to summarise", file=sys.stderr)
         return 1
-    text, figure, table = report(parent, trials)
+    text, figure, table = report(sweep_dir(sweep), trials)
     print(text)
-    log_to_parent(parent.client, parent.run_id, table, trials, figure, text)
-    from ..report import build_report
-
-    rep = build_report(sweep.study, Path(sweep.storage) / sweep.name / "report", parent_run=parent.run_id,
+    parent.log_summary(table, trials, figure, text)
+    rep = build_report(sweep.study, sweep_dir(sweep) / "report", parent_run=parent.run_id,
                        tracking_uri=sweep.tracking_uri)
     bad = trials["status"].isin(["failed", "running", "stopped"]).sum()
-    parent.client.set_tag(parent.run_id, "mocolab.status", "finished")
-    parent.client.set_terminated(parent.run_id, "FINISHED")
-    uri = resolve_tracking_uri(sweep.tracking_uri)
+    parent.set_status("finished")
     print(f"\nMLflow: experiment '{sweep.study}', parent run {parent.run_id} with {len(trials)} child runs.")
-    print(f"Open the UI: mlflow ui --backend-store-uri {uri}   (then http://127.0.0.1:5000)")
+    print(f"Open the UI: mlflow ui --backend-store-uri {parent.uri}   (then http://127.0.0.1:5000)")
     if figure is not None:
         print(f"Plot: {figure}")
     print(f"Report: {rep.html}  (also under the parent run's artifacts, report/)")

@@ -21,11 +21,8 @@ from typing import Any, Callable
 from ray.tune import Stopper
 
 from ..config import build_config
-from ..tracking import check_tracking_uri, resolve_tracking_uri
-from ..tracking.mlflow_log import RUN_NAME_TAG, STATUS_TAG, _client, git_commit, ray_job_id
-
-SWEEP_TAG = "mocolab.sweep_name"  # on the parent and on every child
-PARENT_TAG = "mocolab.sweep_parent"  # on the parent only: how a resumed sweep finds it
+from ..tracking import SWEEP_TAG, Store, SweepRun, check_tracking_uri, resolve_tracking_uri
+from .search import build_scheduler, build_searcher, check_search, tune_space
 
 
 @dataclass
@@ -44,9 +41,11 @@ class Sweep:
     description: str
     base_overrides: dict[str, Any] = field(default_factory=dict)
     trials: list[Trial] = field(default_factory=list)  # grid mode
-    search_space: dict[str, Any] | None = None  # search mode: dotted key -> tune domain
-    search_alg: Any = None
-    scheduler: Any = None
+    search: str = "grid"  # grid: run ``trials``; optuna / random: sample ``search_space`` (see tune/search.py)
+    search_space: dict[str, list[Any]] | None = None  # search mode: dotted config key -> values to choose from
+    scheduler: str = "fifo"  # fifo: every trial runs to its end; asha: early stopping on ``metric``
+    metric: str = "knn_top1"  # what a search optimises (reported every epoch)
+    mode: str = "max"
     num_samples: int = 1
     seeds: list[int] = field(default_factory=lambda: [0])  # search mode: seeds per sampled point
     workers_per_trial: int = 1
@@ -108,8 +107,16 @@ def validate_sweep(sweep: Sweep) -> None:
     """Every trial's config is built and validated, the tracking store answers: before any trial starts."""
     if not sweep.name or "/" in sweep.name:
         raise ValueError(f"--name: {sweep.name!r} must be a non-empty name without '/'")
-    if sweep.search_space is None and not sweep.trials:
+    check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
+    if sweep.search == "grid" and not sweep.trials:
         raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
+    if sweep.search != "grid":
+        if not sweep.search_space or any(not list(v) for v in sweep.search_space.values()):
+            raise ValueError(f"search_space: a {sweep.search} search needs at least one key with values to "
+                             f"choose from, got {sweep.search_space!r}")
+        for key, values in sweep.search_space.items():
+            for value in values:
+                build_config(sweep.preset, {**sweep.base_overrides, key: value})
     if sweep.workers_per_trial < 0:
         raise ValueError(f"--workers-per-trial: {sweep.workers_per_trial} must be >= 0")
     if sweep.max_concurrent is not None and sweep.max_concurrent < 1:
@@ -126,46 +133,22 @@ def validate_sweep(sweep: Sweep) -> None:
     for t in sweep.trials:
         _, over = trial_overrides(sweep, {"trial": {"label": t.label, "overrides": t.overrides}}, 1.0)
         build_config(sweep.preset, over)
-    if sweep.search_space is not None:
+    if sweep.search != "grid":
         build_config(sweep.preset, {**sweep.base_overrides})
     check_tracking_uri(resolve_tracking_uri(sweep.tracking_uri))
 
 
 # ------------------------------------------------------------------ MLflow parent
-class ParentRun:
-    """The sweep's MLflow run; found again by name, so a resumed sweep has one parent."""
-
-    def __init__(self, sweep: Sweep) -> None:
-        self.sweep = sweep
-        self.uri = resolve_tracking_uri(sweep.tracking_uri)
-        self.client = _client(self.uri)
-        exp = self.client.get_experiment_by_name(sweep.study)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(sweep.study)
-        found = self.client.search_runs([self.experiment_id], f"tags.`{PARENT_TAG}` = '{sweep.name}'",
-                                        max_results=1)
-        if found:
-            self.run_id, self.resumed = found[0].info.run_id, True
-            self.client.update_run(self.run_id, status="RUNNING")
-            return
-        tags = {SWEEP_TAG: sweep.name, PARENT_TAG: sweep.name, "preset": sweep.preset, "git_commit": git_commit(),
-                "mlflow.note.content": sweep.description, "study": sweep.study}
-        job = ray_job_id()
-        if job:
-            tags["ray_job_id"] = job
-        run = self.client.create_run(self.experiment_id, tags=tags, run_name=sweep.name)
-        self.run_id, self.resumed = run.info.run_id, False
-        from mlflow.entities import Param
-
-        params = {"sweep.preset": sweep.preset, "sweep.workers_per_trial": sweep.workers_per_trial,
-                  "sweep.trials": len(sweep.trials) or sweep.num_samples,
-                  "sweep.search_space": str(sweep.search_space or [t.label for t in sweep.trials])[:6000],
-                  **{f"sweep.set.{k}": v for k, v in sweep.base_overrides.items()}}
-        self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-
-    def children(self) -> list:
-        """The trial runs of this sweep (MLflow Run objects), oldest first."""
-        return self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.run_id}'",
-                                       max_results=5000, order_by=["attributes.start_time ASC"])
+def open_parent(sweep: Sweep) -> SweepRun:
+    """The sweep's MLflow parent run, found again by the sweep's name (a resumed sweep has one parent)."""
+    params = {"sweep.preset": sweep.preset, "sweep.workers_per_trial": sweep.workers_per_trial,
+              "sweep.trials": len(sweep.trials) or sweep.num_samples, "sweep.search": sweep.search,
+              "sweep.search_space": str(sweep.search_space or [t.label for t in sweep.trials])[:6000],
+              **{f"sweep.set.{k}": v for k, v in sweep.base_overrides.items()}}
+    if sweep.search != "grid":
+        params.update({"sweep.scheduler": sweep.scheduler, "sweep.metric": f"{sweep.metric} ({sweep.mode})"})
+    return SweepRun.open(Store(sweep.tracking_uri), sweep.study, sweep.name, description=sweep.description,
+                         params=params, tags={"preset": sweep.preset, "study": sweep.study})
 
 
 # ------------------------------------------------------------------ the trial
@@ -192,7 +175,7 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
     cfg = build_config(sweep.preset, over)
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
               tags={SWEEP_TAG: sweep.name, "trial": label}, display_name=label,
-              callbacks=[_report_callback("knn_top1" if sweep.search_space is not None else None)],
+              callbacks=[_report_callback(sweep.metric if sweep.search != "grid" else None)],
               progress=print)
     nan = float("nan")
     tune.report({"final": 1.0, "status": out.status, "label": label, "epoch": cfg.optim.epochs,
@@ -202,11 +185,20 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
                  "mlflow_run_id": out.mlflow_run_id or ""})
 
 
-def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print):
+def resolve_sweep(sweep: Sweep) -> Sweep:
+    """The sweep with its store and storage made absolute: trials run in other working folders."""
+    return dataclasses.replace(sweep, tracking_uri=resolve_tracking_uri(sweep.tracking_uri),
+                               storage=str(Path(sweep.storage).expanduser().resolve()))
+
+
+def sweep_dir(sweep: Sweep) -> Path:
+    """Where a sweep keeps its Tune state, its trials' Train runs, its plots and its report."""
+    return Path(sweep.storage) / sweep.name
+
+
+def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[SweepRun, Any]:
     """Validate, open (or find) the parent run, run (or resume) the trials; returns (parent, Tune results)."""
-    # Trials run in other working folders: fix relative paths and the default store here, on the driver.
-    sweep = dataclasses.replace(sweep, tracking_uri=resolve_tracking_uri(sweep.tracking_uri),
-                                storage=str(Path(sweep.storage).expanduser().resolve()))
+    sweep = resolve_sweep(sweep)
     validate_sweep(sweep)
     from ray import tune
 
@@ -217,7 +209,7 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print):
 
     cluster_cpus = float(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
     conc, cpus = resolve_resources(sweep, cluster_cpus)
-    parent = ParentRun(sweep)
+    parent = open_parent(sweep)
     progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
              f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
              f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {parent.uri}")
@@ -230,9 +222,9 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print):
         tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
         resources)
     stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
-    tune_dir = Path(sweep.storage) / sweep.name / "tune"
+    tune_dir = sweep_dir(sweep) / "tune"
     try:
-        if sweep.search_space is not None:
+        if sweep.search != "grid":
             # Not every report carries the search metric (the last epoch's kNN comes with the final
             # report; checkpoint-only reports have none): ASHA skips those, Optuna reads the last one.
             os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
@@ -242,18 +234,20 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print):
                 progress(f"resuming the search from {path}")
                 tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
             else:
-                space = dict(sweep.search_space)
+                space = tune_space(sweep.search_space or {})
                 space["run.seed"] = tune.grid_search(sweep.seeds) if len(sweep.seeds) > 1 else sweep.seeds[0]
                 tuner = tune.Tuner(
                     trainable, param_space=space,
-                    tune_config=tune.TuneConfig(max_concurrent_trials=conc, search_alg=sweep.search_alg,
-                                                scheduler=sweep.scheduler, num_samples=sweep.num_samples),
+                    tune_config=tune.TuneConfig(
+                        max_concurrent_trials=conc, num_samples=sweep.num_samples,
+                        search_alg=build_searcher(sweep.search, sweep.metric, sweep.mode, sweep.seeds[0]),
+                        scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode,
+                                                  build_config(sweep.preset, sweep.base_overrides).optim.epochs)),
                     run_config=tune.RunConfig(name="search", storage_path=str(tune_dir), verbose=1, stop=stop))
         else:
             # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
             # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
-            done = {r.data.tags.get("trial") for r in parent.children()
-                    if r.data.tags.get(STATUS_TAG) in ("finished", "diverged")}
+            done = parent.done_labels()
             remaining = [t for t in sweep.trials if t.label not in done]
             if done:
                 progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
@@ -268,11 +262,9 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print):
                                           stop=stop))
         grid = tuner.fit()
     except BaseException as err:  # the parent stays findable for a resume, but says what happened
-        parent.client.set_tag(parent.run_id, STATUS_TAG, "interrupted")
-        parent.client.set_tag(parent.run_id, "mocolab.failure_reason", f"{type(err).__name__}: {err}"[:5000])
-        parent.client.set_terminated(parent.run_id, "KILLED")
+        parent.set_status("interrupted", mlflow_status="KILLED", reason=f"{type(err).__name__}: {err}")
         raise
-    _close_stopped_children(parent)
+    parent.close_running_children("stopped")
     return parent, grid
 
 
@@ -292,13 +284,4 @@ class _StopAfter(Stopper):
         return len(self.done) >= self.n
 
 
-def _close_stopped_children(parent: ParentRun) -> None:
-    """Trials that Tune stopped early (ASHA) or that errored leave RUNNING MLflow runs: close them."""
-    runs = parent.client.search_runs(
-        [parent.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.run_id}' and attributes.status = 'RUNNING'")
-    for run in runs:
-        parent.client.set_tag(run.info.run_id, STATUS_TAG, "stopped")
-        parent.client.set_terminated(run.info.run_id, "KILLED")
-
-
-__all__ = ["Sweep", "Trial", "ParentRun", "run_sweep", "validate_sweep", "RUN_NAME_TAG"]
+__all__ = ["Sweep", "Trial", "open_parent", "resolve_sweep", "run_sweep", "sweep_dir", "validate_sweep"]

@@ -1,4 +1,4 @@
-"""The one picture each study ends with (matplotlib, Agg: no screen needed)."""
+"""The pictures the studies and reports draw from a summary table (matplotlib, Agg: no screen needed)."""
 
 from __future__ import annotations
 

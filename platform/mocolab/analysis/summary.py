@@ -1,0 +1,59 @@
+"""The summary table a researcher reads: per value of what a study varies, accuracy over seeds.
+
+It reads a trials table (one row per trial, built from MLflow by
+``mocolab.tracking.trials_frame``), so a resumed sweep, or one whose trials
+ran over three invocations, summarises all of its trials, and the summary is
+the same thing the MLflow UI shows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import pandas as pd
+
+# MoCo paper (He et al. 2020), momentum ablation: ImageNet linear top-1 against the key-encoder momentum m.
+PAPER_MOMENTUM: dict[float, float] = {0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999: 58.9}
+
+
+def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per value of ``by`` (a config key): mean ± std of the accuracies over seeds, and the statuses."""
+    col = f"params.{by}"
+    out = []
+    for value, g in df.groupby(col, sort=True):
+        ok = g[g["status"] == "finished"]
+        row = {by: value, "seeds": len(g), "status": _status(g["status"])}
+        for m in ("linear_top1", "knn_top1"):
+            vals = 100 * ok[m].dropna()
+            row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan
+            row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
+        row["final_loss"] = g["final_loss"].mean()
+        row["ema_half_life"] = g["ema_half_life"].mean()
+        row["max_staleness"] = g["max_staleness_bound"].mean()
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _status(statuses: pd.Series) -> str:
+    counts = statuses.value_counts()
+    if len(counts) == 1:
+        return str(counts.index[0])
+    return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def fmt_mean_std(mean: float, std: float) -> str:
+    if math.isnan(mean):
+        return "—"
+    return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+
+def welch_t(a: Iterable[float], b: Iterable[float]) -> tuple[float, float] | None:
+    """Welch's t-test (unequal variances): (t, two-sided p); None with fewer than 2 values a side."""
+    a, b = [x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    from scipy import stats
+
+    res = stats.ttest_ind(a, b, equal_var=False)
+    return float(res.statistic), float(res.pvalue)

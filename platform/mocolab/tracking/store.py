@@ -1,0 +1,195 @@
+"""Reading and annotating an MLflow store: what sweeps and reports need, in one place.
+
+``Store`` wraps one tracking URI; ``SweepRun`` is a sweep's parent run, found
+again by the sweep's name so a resumed sweep keeps one parent.  Everything
+above this package (tune, report, the studies) speaks MLflow through these
+functions only, so the store's quirks (filter-string quoting, status names,
+artifact temp files) live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+from mlflow.entities import Param, Run
+from mlflow.tracking import MlflowClient
+
+from .source import git_commit, ray_job_id
+from .uri import resolve_tracking_uri
+
+RUN_NAME_TAG = "mocolab.run_name"  # a training run's name: how a resumed run finds its MLflow run
+STATUS_TAG = "mocolab.status"  # finished / diverged / failed / stopped / interrupted: beside MLflow's status
+SWEEP_TAG = "mocolab.sweep_name"  # on the parent and on every child
+PARENT_TAG = "mocolab.sweep_parent"  # on the parent only: how a resumed sweep finds it
+PARENT_ID_TAG = "mlflow.parentRunId"
+FAILURE_TAG = "mocolab.failure_reason"
+# The final metrics a trials table carries (besides label, status, run id and params).
+TRIAL_METRICS = ("linear_top1", "knn_top1", "final_loss", "ema_half_life", "max_staleness_bound", "pretext_acc")
+
+
+def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
+    """One row per run: label, status, run id, every param (``params.*``), the final metrics."""
+    rows = []
+    for run in runs:
+        tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+        status = tags.get(STATUS_TAG) or run.info.status.lower()
+        if run.info.status == "RUNNING":
+            status = "running"
+        row = {"label": tags.get("trial") or run.info.run_name, "status": status, "run_id": run.info.run_id}
+        row.update({f"params.{k}": _num(v) for k, v in params.items()})
+        row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _num(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except (TypeError, ValueError):
+            pass
+    return text
+
+
+def _quote(value: str) -> str:
+    """A value inside an MLflow filter string's single quotes."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+class Store:
+    """One MLflow tracking store (``uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db made absolute)."""
+
+    def __init__(self, uri: str | None = None) -> None:
+        self.uri = resolve_tracking_uri(uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+
+    # ------------------------------------------------------------ reading
+    def experiment_id(self, name: str, *, create: bool = False) -> str | None:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        return self.client.create_experiment(name) if create else None
+
+    def experiment_names(self) -> list[str]:
+        return sorted(e.name for e in self.client.search_experiments())
+
+    def run_exists(self, run_id: str) -> bool:
+        try:
+            self.client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - MLflow raises its own exception types for a missing run
+            return False
+        return True
+
+    def runs(self, experiment_id: str, *, parent_run_id: str | None = None, running_only: bool = False) -> list[Run]:
+        """Runs of an experiment (oldest first); with ``parent_run_id`` only that sweep's children."""
+        clauses = []
+        if parent_run_id:
+            clauses.append(f"tags.`{PARENT_ID_TAG}` = '{_quote(parent_run_id)}'")
+        if running_only:
+            clauses.append("attributes.status = 'RUNNING'")
+        return self.client.search_runs([experiment_id], " and ".join(clauses), max_results=5000,
+                                       order_by=["attributes.start_time ASC"])
+
+    def trial_runs(self, experiment_id: str, parent_run_id: str | None = None) -> list[Run]:
+        """A sweep's children, or every trial of an experiment (its sweeps' parent runs left out)."""
+        runs = self.runs(experiment_id, parent_run_id=parent_run_id)
+        if parent_run_id is None:
+            parents = {r.data.tags.get(PARENT_ID_TAG) for r in runs}
+            runs = [r for r in runs if r.info.run_id not in parents]
+        return runs
+
+    def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """(step, value) pairs of one metric, by step."""
+        return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, key))
+
+    # ------------------------------------------------------------ writing
+    def set_status(self, run_id: str, status: str, *, mlflow_status: str = "FINISHED",
+                   reason: str | None = None) -> None:
+        """End a run: ``status`` is what the science says (finished, diverged, failed, stopped,
+        interrupted), ``mlflow_status`` what the MLflow UI shows (FINISHED, FAILED, KILLED)."""
+        self.client.set_tag(run_id, STATUS_TAG, status)
+        if reason:
+            self.client.set_tag(run_id, FAILURE_TAG, reason[:5000])
+        self.client.set_terminated(run_id, mlflow_status)
+
+    def log_artifacts(self, run_id: str, paths: Iterable[Path | str], artifact_path: str | None = None) -> None:
+        for p in paths:
+            self.client.log_artifact(run_id, str(p), artifact_path=artifact_path)
+
+    def log_texts(self, run_id: str, files: Mapping[str, str]) -> None:
+        """Small text artifacts (tables, summaries) from memory: ``{file name: content}``."""
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, text in files.items():
+                path = Path(tmp) / name
+                path.write_text(text)
+                self.client.log_artifact(run_id, str(path))
+
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i:i + 100])
+
+
+class SweepRun:
+    """A sweep's parent run, found again by the sweep's name: a resumed sweep keeps one parent."""
+
+    def __init__(self, store: Store, experiment_id: str, run_id: str, resumed: bool) -> None:
+        self.store, self.experiment_id, self.run_id, self.resumed = store, experiment_id, run_id, resumed
+
+    @classmethod
+    def open(cls, store: Store, experiment: str, name: str, *, description: str,
+             params: Mapping[str, Any], tags: Mapping[str, str]) -> "SweepRun":
+        """Find the parent of sweep ``name`` (and mark it RUNNING again), or create it."""
+        exp_id = store.experiment_id(experiment, create=True)
+        assert exp_id is not None
+        found = store.client.search_runs([exp_id], f"tags.`{PARENT_TAG}` = '{_quote(name)}'", max_results=1)
+        if found:
+            run_id = found[0].info.run_id
+            store.client.update_run(run_id, status="RUNNING")
+            return cls(store, exp_id, run_id, True)
+        all_tags = {SWEEP_TAG: name, PARENT_TAG: name, "git_commit": git_commit(),
+                    "mlflow.note.content": description, **tags}
+        job = ray_job_id()
+        if job:
+            all_tags["ray_job_id"] = job
+        run = store.client.create_run(exp_id, tags=all_tags, run_name=name)
+        store.log_params(run.info.run_id, params)
+        return cls(store, exp_id, run.info.run_id, False)
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    def children(self) -> list[Run]:
+        """The trial runs of this sweep, oldest first."""
+        return self.store.runs(self.experiment_id, parent_run_id=self.run_id)
+
+    def trials(self) -> pd.DataFrame:
+        return trials_frame(self.children())
+
+    def done_labels(self, statuses: Iterable[str] = ("finished", "diverged")) -> set[str]:
+        """Labels of the trials whose outcome is settled: a resumed sweep does not run them again."""
+        wanted = set(statuses)
+        return {r.data.tags.get("trial") for r in self.children() if r.data.tags.get(STATUS_TAG) in wanted}
+
+    def close_running_children(self, status: str = "stopped", mlflow_status: str = "KILLED") -> int:
+        """Trials that Tune stopped early (ASHA) or that errored leave RUNNING runs: close them."""
+        runs = self.store.runs(self.experiment_id, parent_run_id=self.run_id, running_only=True)
+        for run in runs:
+            self.store.set_status(run.info.run_id, status, mlflow_status=mlflow_status)
+        return len(runs)
+
+    def set_status(self, status: str, *, mlflow_status: str = "FINISHED", reason: str | None = None) -> None:
+        self.store.set_status(self.run_id, status, mlflow_status=mlflow_status, reason=reason)
+
+    def log_summary(self, table: pd.DataFrame, trials: pd.DataFrame, figure: Path | None, text: str) -> None:
+        """CSV and JSON tables, the printed summary and the plot, as artifacts of the parent run."""
+        self.store.log_texts(self.run_id, {
+            "summary.csv": table.to_csv(index=False), "trials.csv": trials.to_csv(index=False),
+            "summary.json": table.to_json(orient="split", index=False), "summary.txt": text})
+        if figure is not None and Path(figure).exists():
+            self.store.log_artifacts(self.run_id, [figure])

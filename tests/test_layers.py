@@ -1,0 +1,90 @@
+"""The layers point one way: the method layer loads neither Ray nor MLflow, MLflow is spoken only in tracking/.
+
+Checked twice: by importing each module in a fresh interpreter and reading
+``sys.modules`` (what a user pays), and by reading every module's import
+statements (what a contributor adds).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "mocolab"
+
+
+def _loaded(module: str) -> dict[str, bool]:
+    code = (f"import json, sys; import {module}; "
+            "print(json.dumps({name: name in sys.modules for name in ('ray', 'mlflow', 'mocolab.tune')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module, mlflow_allowed", [
+    ("mocolab.loop", False), ("mocolab.moco", False), ("mocolab.dist", False), ("mocolab.config", False),
+    ("mocolab.analysis", False), ("mocolab.report", True), ("mocolab.tracking", True), ("mocolab.cli", False),
+])
+def test_import_loads_neither_ray_nor_mlflow(module, mlflow_allowed):
+    loaded = _loaded(module)
+    assert not loaded["ray"], f"import {module} loaded ray"
+    assert not loaded["mocolab.tune"], f"import {module} loaded mocolab.tune (a layer above it)"
+    if not mlflow_allowed:
+        assert not loaded["mlflow"], f"import {module} loaded mlflow"
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of every module a file imports (absolute and package-relative)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the file's package
+                parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)[:-node.level]
+                base = ".".join(parts + ([base] if base else []))
+            names.add(base)
+    return names
+
+
+def _files(*, under: str | None = None, exclude: str | None = None) -> list[Path]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    if under:
+        files = [f for f in files if f.relative_to(PACKAGE).parts[0] == under]
+    if exclude:
+        files = [f for f in files if f.relative_to(PACKAGE).parts[0] != exclude]
+    return files
+
+
+def test_only_tracking_imports_mlflow():
+    offenders = [str(f.relative_to(PACKAGE)) for f in _files(exclude="tracking")
+                 if any(n == "mlflow" or n.startswith("mlflow.") for n in _imports(f))]
+    assert offenders == []
+
+
+def test_tracking_and_analysis_never_import_ray():
+    for under in ("tracking", "analysis"):
+        files = _files(under=under)
+        assert files, under
+        offenders = [str(f.relative_to(PACKAGE)) for f in files
+                     if any(n == "ray" or n.startswith("ray.") for n in _imports(f))]
+        assert offenders == [], f"{under}/ imports ray: {offenders}"
+
+
+def test_method_layer_never_imports_ray_mlflow_or_upper_layers():
+    method = ["moco", "queue", "norm", "dist", "models", "augment", "data", "evaluation", "config", "loop", "rng",
+              "hardware", "schedule", "moco_loss"]
+    for name in method:
+        imported = _imports(PACKAGE / f"{name}.py")
+        bad = {n for n in imported if n.split(".")[0] in ("ray", "mlflow")
+               or n.startswith(("mocolab.tune", "mocolab.train", "mocolab.tracking", "mocolab.report"))}
+        assert not bad, f"{name}.py imports {bad}"
+
+
+def test_report_does_not_import_tune():
+    assert not any(n.startswith("mocolab.tune") for n in _imports(PACKAGE / "report.py"))
