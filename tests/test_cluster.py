@@ -63,6 +63,7 @@ def local_cluster(free_port):
     shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 def test_ray_job_submit_runs_a_study_on_a_real_cluster(tmp_path, local_cluster):
     url, env = local_cluster

@@ -185,7 +185,7 @@ def _row_set(x: torch.Tensor) -> list[tuple[float, ...]]:
     return sorted(tuple(r) for r in x.tolist())
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_sharded_matches_replicated_and_single_process(world, tmp_path):
     b = 3
     g = b * world
@@ -294,6 +294,7 @@ def _moco_worker(rank: int, world: int, b: int, k: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_moco_drop_in_with_shuffle_bn(tmp_path):
     world, b = 2, 4
     res = launch(_moco_worker, world, tmp_path, b, 2 * b * world)

@@ -21,6 +21,7 @@ def test_cosine_schedule_ends_at_zero():
         lr_at("step", o.lr, 0, 100)
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_smoke_training_beats_the_encoder_at_initialisation():
     cfg = build_config("smoke")
@@ -34,6 +35,7 @@ def test_smoke_training_beats_the_encoder_at_initialisation():
     assert "linear top-1" in lines[-1]
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_training_is_deterministic_under_a_seed():
     cfg = build_config("smoke", {"optim.max_steps": 4, "eval.knn_every": 0})
@@ -43,6 +45,7 @@ def test_training_is_deterministic_under_a_seed():
         assert (pa == pb).all()
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_exploding_loss_is_reported_as_diverged():
     # a huge learning rate blows the encoder up within a few steps

@@ -95,6 +95,7 @@ def _chromium() -> str | None:
     return shutil.which("chromium")
 
 
+@pytest.mark.slow
 def test_html_opens_in_headless_chromium(tmp_path, store):
     browser = _chromium()
     if browser is None:

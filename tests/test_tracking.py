@@ -46,6 +46,7 @@ def mlflow_server(tmp_path, free_port):
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
     cfg = build_config("smoke", {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500,

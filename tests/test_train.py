@@ -29,6 +29,7 @@ def _train_to(tr: Trainer, until: int, hook=None) -> None:
         tr.train_epoch(on_step=hook) if hook else tr.train_epoch()
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     cfg = _cfg(tmp_path, **{"eval.knn_every": 0})
     full = Trainer(cfg)
@@ -69,6 +70,7 @@ def _metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
+@pytest.mark.slow
 def test_dead_worker_restarts_from_checkpoint_and_completes(tmp_path, ray_session):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _cfg(tmp_path, **{"run.num_workers": 2, "moco.bn": "shuffle", "queue.layout": "sharded",
@@ -90,6 +92,7 @@ def test_dead_worker_restarts_from_checkpoint_and_completes(tmp_path, ray_sessio
     assert [f.path for f in client.list_artifacts(out.mlflow_run_id)] == ["config.yaml"]
 
 
+@pytest.mark.slow
 def test_failed_run_is_marked_then_resumed_into_the_same_mlflow_run(tmp_path, ray_session):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _cfg(tmp_path, **{"run.num_workers": 1, "run.fault_step": 20, "run.max_failures": 0,

@@ -34,6 +34,7 @@ def _children(uri: str, parent_id: str):
     return c.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_sweep_stopped_after_first_trial_resumes_without_rerunning(tmp_path, ray_session):
     trials = [Trial("m=0.9 seed=0", {"moco.m": 0.9}), Trial("m=0.99 seed=0", {"moco.m": 0.99})]
@@ -59,6 +60,7 @@ def test_sweep_stopped_after_first_trial_resumes_without_rerunning(tmp_path, ray
     assert {r.info.run_name for r in kids} == {"m=0.9 seed=0", "m=0.99 seed=0"}
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_diverged_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_session):
     trials = [Trial("boom", {"optim.lr": 1e6, "optim.schedule": "constant", "moco.tau": 0.01}),
@@ -124,6 +126,7 @@ def _parent_and_children(tmp_path: Path, experiment: str):
     return client, parents, [r for r in runs if "mlflow.parentRunId" in r.data.tags]
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_queue_study_searches_with_optuna_and_asha(tmp_path):
     res = _study(tmp_path, "queue_ablation.py", "--samples", "2", "--set=data.subset=2048",
@@ -138,6 +141,7 @@ def test_queue_study_searches_with_optuna_and_asha(tmp_path):
     assert "K" in res.stdout and "linear top-1 %" in res.stdout
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_bn_study_logs_pretext_accuracy(tmp_path):
     res = _study(tmp_path, "augmentation_ablation.py", "--what", "bn", "--set=queue.size=512")
