@@ -10,7 +10,6 @@ training loop seeds (and checkpoints), so the same seed gives the same views.
 from __future__ import annotations
 
 import torch
-import kornia.augmentation as K
 from torch import nn
 
 PRESETS = ("mocov1", "mocov2", "mocov3", "crop", "none")
@@ -29,6 +28,8 @@ def _blur_kernel(size: int) -> int:
 
 
 def _jitter(channels: int, strength: float, p: float) -> list[nn.Module]:
+    import kornia.augmentation as K  # at use, not at import: config reads PRESETS without loading kornia
+
     if strength <= 0:
         return []
     if channels == 1:  # no colour: jitter reduces to brightness and contrast
@@ -38,6 +39,8 @@ def _jitter(channels: int, strength: float, p: float) -> list[nn.Module]:
 
 def _view(preset: str, size: int, channels: int, crop_min: float, jitter: float, sigma_max: float,
           blur_p: float, solarize_p: float) -> nn.Module:
+    import kornia.augmentation as K
+
     ops: list[nn.Module] = []
     if preset != "none":
         ops += [K.RandomResizedCrop((size, size), scale=(crop_min, 1.0)), K.RandomHorizontalFlip()]

@@ -8,7 +8,6 @@ loss sees (v1: linear, v2: MLP).
 from __future__ import annotations
 
 import torch
-import torchvision
 from torch import nn
 
 from .norm import convert_split_bn
@@ -41,6 +40,8 @@ class ConvNet(nn.Module):
 
 
 def _torchvision_resnet(name: str, in_channels: int, cifar_stem: bool) -> nn.Module:
+    import torchvision  # here, not at the top: config imports BACKBONES, and torchvision costs seconds
+
     net = getattr(torchvision.models, name)(weights=None)
     if cifar_stem:  # 3×3 stride-1 stem, no max-pool: small images keep their resolution
         net.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
