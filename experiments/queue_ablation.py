@@ -39,11 +39,15 @@ def main() -> int:
 
     def report(out_dir, trials_df):
         table = summarise(trials_df, "queue.size")
-        lines = [f"{'K':>7} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'staleness':>9} {'status':>10}"]
+        lines = [f"{'K':>7} {'trials':>6} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'staleness':>9} "
+                 f"{'status':>10}"]
         for _, r in table.iterrows():
-            lines.append(f"{int(r['queue.size']):>7} {r.seeds:>5} "
+            lines.append(f"{int(r['queue.size']):>7} {r.trials:>6} {r.seeds:>5} "
                          f"{fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
                          f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {r.max_staleness:>9.0f} {r.status:>10}")
+        if (table["repeats"] > 0).any():
+            lines.append("A search may sample one K twice: repeats of a seed are one measurement (mean over "
+                         "distinct seeds), not more seeds.")
         ok = table.dropna(subset=["knn_top1_mean"])
         figure = None
         if not ok.empty:

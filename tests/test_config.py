@@ -28,13 +28,24 @@ def test_closed_forms():
 @pytest.mark.parametrize("overrides, field, hint", [
     ({"moco.m": 1.0}, "moco.m", "[0, 1)"),
     ({"moco.m": -0.1}, "moco.m", "[0, 1)"),
-    ({"moco.tau": 0.0}, "moco.tau", "tau > 0"),
+    ({"moco.tau": 0.0}, "moco.tau", "[0.001, 10]"),
     ({"queue.size": 0}, "queue.size", "> 0"),
     ({"queue.size": 1000}, "queue.size", "multiple of the global batch"),
     ({"queue.size": 60_160}, "queue.size", "below the training-set size 60000"),
     ({"optim.batch_size": 1}, "optim.batch_size", "batch_size >= 2"),
     ({"optim.lr": 0.0}, "optim.lr", "lr > 0"),
     ({"optim.lr": -1.0}, "optim.lr", "lr > 0"),
+    ({"optim.lr": float("inf")}, "optim.lr", "finite"),
+    ({"optim.lr": float("nan")}, "optim.lr", "lr > 0"),
+    ({"moco.tau": 1e-9}, "moco.tau", "[0.001, 10]"),
+    ({"moco.tau": float("inf")}, "moco.tau", "[0.001, 10]"),
+    ({"eval.knn_t": float("inf")}, "eval.knn_t", "(0.0, 100.0]"),
+    ({"optim.weight_decay": float("inf")}, "optim.weight_decay", "[0.0, 1.0]"),
+    ({"run.name": "../escape"}, "run.name", "letters, digits"),
+    ({"run.name": ".."}, "run.name", "letters, digits"),
+    ({"run.name": ""}, "run.name", "1 to 200"),
+    ({"run.name": "it's"}, "run.name", "MLflow filter"),
+    ({"run.name": "a/b"}, "run.name", "folder"),
     ({"data.name": "mnist2"}, "data.name", "fashion-mnist"),
     ({"model.backbone": "vit"}, "model.backbone", "resnet18"),
     ({"augment.preset": "simclr"}, "augment.preset", "mocov2"),
@@ -49,6 +60,17 @@ def test_validation_errors_name_field_and_range(overrides, field, hint):
     msg = str(err.value)
     assert msg.startswith(field), msg
     assert hint in msg, msg
+
+
+def test_good_names_and_relative_paths(tmp_path):
+    from mocolab.config import absolute_paths, check_name, with_absolute_paths
+
+    for name in ("momentum-cpu-quick-s0", "m=0.9_seed=1", "run_1.b"):
+        assert check_name("run.name", name) == name
+    cfg = build_config("smoke", {"run.output_dir": "out/runs", "data.root": "data"})
+    absolute = with_absolute_paths(cfg, tmp_path)
+    assert absolute.run.output_dir == str(tmp_path / "out/runs") and absolute.data.root == str(tmp_path / "data")
+    assert absolute_paths({"data.root": "/abs", "moco.m": 0.9}, tmp_path) == {"data.root": "/abs", "moco.m": 0.9}
 
 
 def test_unreadable_data_root(tmp_path):

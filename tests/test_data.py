@@ -303,6 +303,42 @@ def test_validation_counts_the_images_the_loader_decodes(tmp_path):
     assert count_images(str(tmp_path / "nope")) is None
 
 
+def test_imagefolder_skips_corrupt_files_and_converts_16_bit_and_palette(tmp_path):
+    """Unreadable files are skipped with a count and their names (documented choice); 16-bit and palette
+    images become correct 8-bit RGB."""
+    import numpy as np
+    from PIL import Image
+
+    for split in ("train", "val"):
+        d = tmp_path / split / "a"
+        d.mkdir(parents=True)
+        deep = np.full((8, 8), 128 * 257, dtype=np.uint16)  # 16-bit 32896 is 8-bit 128 exactly
+        Image.fromarray(deep).save(d / "grey16.png")
+        pal = Image.fromarray(np.zeros((8, 8), dtype=np.uint8), mode="P")
+        pal.putpalette([10, 200, 30] + [0] * 765)  # index 0 is (10, 200, 30)
+        pal.save(d / "palette.png")
+        (d / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+        (d / "empty.jpg").write_bytes(b"")
+    with pytest.warns(UserWarning, match=r"skipped 2 unreadable file\(s\) \(train/a/broken.png, train/a/empty.jpg\)"):
+        train = load_dataset("imagefolder", "train", str(tmp_path), image_size=8)
+    assert len(train) == 2 and train.skipped == ("train/a/broken.png", "train/a/empty.jpg")
+    grey, palette = train.images[0], train.images[1]
+    assert (grey == 128).all()
+    assert palette[:, 4, 4].tolist() == [10, 200, 30]
+
+
+def test_imagefolder_missing_split_is_a_config_error(tmp_path):
+    from mocolab.config import build_config
+
+    _write_png_folder(tmp_path)
+    import shutil
+
+    shutil.rmtree(tmp_path / "val")
+    with pytest.raises(ValueError, match=r"data.root: imagefolder .* has no test/ or val/ folder"):
+        build_config("smoke", {"data.name": "imagefolder", "data.root": str(tmp_path), "optim.batch_size": 2,
+                               "queue.size": 4, "moco.bn": "plain"})
+
+
 def test_cifar10_offline_message(tmp_path):
     with pytest.raises(RuntimeError) as info:
         load_dataset("cifar10", "train", str(tmp_path), download=False)

@@ -20,6 +20,22 @@ def test_knn_on_hand_made_points():
     assert knn_predict(bank, labels, test, classes=2, k=4, t=0.1).tolist() == [0, 1]
 
 
+def test_knn_tiny_temperature_is_stable():
+    """exp(s/t) overflows float32 for t < 0.012: the votes must stay finite and the nearest neighbour win."""
+    bank = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [0.6, 0.4]])
+    labels = torch.tensor([0, 0, 1, 1, 1])
+    test = torch.tensor([[1.0, 0.05], [0.05, 1.0], [0.62, 0.38]])
+    for t in (1e-3, 1e-6, 1e-30):
+        assert knn_predict(bank, labels, test, classes=2, k=5, t=t).tolist() == [0, 1, 1]
+    # and at ordinary temperatures the shift changes nothing
+    tr, ytr = _blobs(30, 4, 8, 0)
+    te, _ = _blobs(10, 4, 8, 1)
+    bank_n, te_n = torch.nn.functional.normalize(tr, dim=1), torch.nn.functional.normalize(te, dim=1)
+    sim, idx = (te_n @ bank_n.T).topk(10, dim=1)
+    direct = torch.zeros(len(te), 4).scatter_add_(1, ytr[idx], (sim / 0.1).exp()).argmax(1)
+    assert torch.equal(knn_predict(tr, ytr, te, classes=4, k=10, t=0.1), direct)
+
+
 def test_knn_separable_blobs_and_determinism():
     tr, ytr = _blobs(50, 5, 16, 0)
     te, yte = _blobs(20, 5, 16, 1)

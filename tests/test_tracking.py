@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from mocolab.config import build_config
 from mocolab.data import fashion_mnist_dir
-from mocolab.tracking import check_tracking_uri, resolve_tracking_uri
+from mocolab.tracking import check_tracking_uri, redact_uri, resolve_tracking_uri
 from mocolab.train import fit
 
 
@@ -69,7 +69,25 @@ def test_tracking_uri_resolution(monkeypatch, tmp_path):
     assert resolve_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert resolve_tracking_uri() == "http://127.0.0.1:5000"
-    assert resolve_tracking_uri("sqlite:///x.db") == "sqlite:///x.db"
+    # Ray moves trials and workers to other folders: a relative store means the caller's folder.
+    assert resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"
+    assert resolve_tracking_uri("sqlite:///sub/x.db?timeout=5") == f"sqlite:///{tmp_path / 'sub/x.db'}?timeout=5"
+    assert resolve_tracking_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+    assert resolve_tracking_uri("file:./mlruns") == f"file:{tmp_path / 'mlruns'}"
+    assert resolve_tracking_uri("file:///abs/mlruns") == "file:///abs/mlruns"
+    assert resolve_tracking_uri("./mlruns") == str(tmp_path / "mlruns")
+    assert resolve_tracking_uri("postgresql://u:p@db/mlflow") == "postgresql://u:p@db/mlflow"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
+    assert resolve_tracking_uri() == f"sqlite:///{tmp_path / 'env.db'}"
+
+
+def test_credentials_in_a_uri_are_never_shown():
+    assert redact_uri("postgresql://alice:s3cret@db:5432/mlflow") == "postgresql://alice:***@db:5432/mlflow"
+    assert redact_uri("http://bob:pw@127.0.0.1:5000/") == "http://bob:***@127.0.0.1:5000/"
+    assert redact_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    with pytest.raises(ValueError) as info:  # a server that does not answer: the error quotes the URI
+        check_tracking_uri("http://bob:s3cret@127.0.0.1:9/", timeout=1)
+    assert "s3cret" not in str(info.value) and "bob:***@" in str(info.value)
 
 
 def test_unwritable_sqlite_folder_is_an_error():

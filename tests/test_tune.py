@@ -129,16 +129,28 @@ def _parent_and_children(tmp_path: Path, experiment: str):
 @pytest.mark.slow
 @needs_fmnist
 def test_queue_study_searches_with_optuna_and_asha(tmp_path):
-    res = _study(tmp_path, "queue_ablation.py", "--samples", "2", "--set=data.subset=2048",
+    """A search tells the truth: a trial ASHA stops is a normal outcome (exit 0, said with its epoch), and a K
+    sampled twice with one seed counts as one seed, not two."""
+    res = _study(tmp_path, "queue_ablation.py", "--samples", "4", "--set=data.subset=2048",
                  "--set=eval.knn_bank=2048", "--set=eval.linear_train=2048")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client, parents, children = _parent_and_children(tmp_path, "queue-ablation")
-    assert len(parents) == 1 and len(children) == 2
+    assert len(parents) == 1 and len(children) == 4
+    assert parents[0].info.status == "FINISHED"
     assert parents[0].data.tags["mlflow.note.content"].startswith("Optuna search over K")
     sizes = {int(r.data.params["queue.size"]) for r in children}
     assert sizes <= {128 * 2 ** i for i in range(4)}  # multiples of the batch, at most half of 2048
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"summary.csv", "queue.png"}
-    assert "K" in res.stdout and "linear top-1 %" in res.stdout
+    assert "K" in res.stdout and "linear top-1 %" in res.stdout and "trials seeds" in res.stdout
+    statuses = {r.data.tags["mocolab.status"] for r in children}
+    assert statuses <= {"finished", "stopped_early"}, statuses
+    for r in children:
+        if r.data.tags["mocolab.status"] == "stopped_early":
+            epoch = r.data.tags["mocolab.stopped_at_epoch"]
+            assert r.info.status == "KILLED" and f"after epoch {epoch}" in res.stdout
+    table = summarise(trials_frame(children), "queue.size")
+    assert (table["seeds"] == 1).all() and table["trials"].sum() == 4
+    assert (table["repeats"] == table["trials"] - 1).all()
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from . import __version__
@@ -21,14 +20,22 @@ def _train(args: argparse.Namespace) -> int:
         result = run_training(cfg, measure_init=args.measure_init)
         diverged, steps, loss = result.diverged, result.steps, result.final_loss
     else:
+        from .interrupts import closing_on_signals, exit_code
+        from .tracking import redact_uri, resolve_tracking_uri
         from .train import fit
 
-        out = fit(cfg, tracking_uri=args.tracking_uri)
+        with closing_on_signals():
+            try:
+                out = fit(cfg, tracking_uri=args.tracking_uri)
+            except KeyboardInterrupt as err:
+                print(f"interrupted: run '{cfg.run_name}' is marked interrupted in MLflow; the same command "
+                      f"resumes it from its latest checkpoint", file=sys.stderr)
+                return exit_code(err)
         diverged, steps, loss = out.status == "diverged", out.steps, out.final_loss
         print(f"run '{out.run_name}' {out.status}: linear top-1 {_pct(out.linear_top1)}, kNN top-1 "
               f"{_pct(out.knn_top1)}; MLflow run {out.mlflow_run_id}")
-        print("open the MLflow UI with: mlflow ui --backend-store-uri "
-              f"{args.tracking_uri or os.environ.get('MLFLOW_TRACKING_URI') or 'sqlite:///mlflow.db'}")
+        print(f"open the MLflow UI with: mlflow ui --backend-store-uri "
+              f"{redact_uri(resolve_tracking_uri(args.tracking_uri))}")
     if diverged:
         print(f"training diverged after {steps} steps (final loss {loss})", file=sys.stderr)
         return 2

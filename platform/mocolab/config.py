@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -301,7 +302,8 @@ def _choice(name: str, value: Any, allowed: Iterable[Any]) -> None:
 
 def _range(name: str, value: float, lo: float | None = None, hi: float | None = None, *,
            lo_open: bool = False, hi_open: bool = False, allowed: str | None = None) -> None:
-    bad = (isinstance(value, float) and math.isnan(value))
+    # No field of a config means anything at infinity (or NaN): a non-finite number is always out of range.
+    bad = isinstance(value, float) and not math.isfinite(value)
     if lo is not None:
         bad |= value <= lo if lo_open else value < lo
     if hi is not None:
@@ -322,28 +324,33 @@ def validate(cfg: Config) -> Config:
         _choice(key, flat[key], allowed)
 
     _range("moco.m", mc.m, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
-    _range("moco.tau", mc.tau, 0.0, lo_open=True, allowed="tau > 0")
-    _range("optim.lr", o.lr, 0.0, lo_open=True, allowed="lr > 0")
+    # tau below 1e-3 puts logits of 1/tau beyond what a bf16 encoder's embeddings resolve; above 10 the
+    # softmax is flat and nothing is learned.  lr has no useful upper bound (large-batch recipes scale it
+    # with the batch; a diverging run is an outcome the platform records), only finiteness.
+    _range("moco.tau", mc.tau, 1e-3, 10.0, allowed="[0.001, 10]")
+    _range("optim.lr", o.lr, 0.0, lo_open=True, allowed="lr > 0 and finite")
     _range("optim.batch_size", o.batch_size, 2, allowed="batch_size >= 2")
     _range("optim.epochs", o.epochs, 1, allowed="epochs >= 1")
     if o.max_steps is not None:
         _range("optim.max_steps", o.max_steps, 1, allowed="max_steps >= 1 or None")
     _range("optim.momentum", o.momentum, 0.0, 1.0, hi_open=True)
-    _range("optim.weight_decay", o.weight_decay, 0.0)
+    _range("optim.weight_decay", o.weight_decay, 0.0, 1.0)
     _range("augment.crop_min", a.crop_min, 0.0, 1.0, lo_open=True, allowed="(0, 1]")
     _range("augment.jitter", a.jitter, 0.0, 1.0)
-    _range("augment.blur_sigma_max", a.blur_sigma_max, 0.1)
+    _range("augment.blur_sigma_max", a.blur_sigma_max, 0.1, 100.0)
     _range("model.width", mo.width, 1)
     _range("model.dim", mo.dim, 1)
     _range("model.hidden", mo.hidden, 0)
     _range("eval.knn_k", e.knn_k, 1)
-    _range("eval.knn_t", e.knn_t, 0.0, lo_open=True)
+    _range("eval.knn_t", e.knn_t, 0.0, 100.0, lo_open=True)  # any t > 0: the kNN weights are computed stably
     _range("eval.knn_every", e.knn_every, 0)
     _range("eval.linear_steps", e.linear_steps, 1)
-    _range("eval.linear_wd", e.linear_wd, 0.0)
+    _range("eval.linear_wd", e.linear_wd, 0.0, 100.0)
     _range("run.num_workers", r.num_workers, 0)
     _range("run.threads", r.threads, 0)
     _range("run.cpus_per_worker", r.cpus_per_worker, 0.0, lo_open=True, allowed="> 0")
+    if r.name is not None:
+        check_name("run.name", r.name)
     _range("run.gpus_per_worker", r.gpus_per_worker, 0.0)
     _range("run.checkpoint_every", r.checkpoint_every, 0)
     _range("run.keep_checkpoints", r.keep_checkpoints, 1)
@@ -396,6 +403,74 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+# Fields that may change between attempts of one run without changing what it computes: a resume
+# ignores them.  Every other field is part of the run's identity (``fingerprint``).
+RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.output_dir",
+                    "run.keep_checkpoints", "run.checkpoint_every", "run.fault_step", "run.preset", "run.name")
+
+
+def identity(flat: Mapping[str, Any]) -> dict[str, str]:
+    """The flattened fields that define a run (RESUMABLE_FIELDS left out), as the strings MLflow stores."""
+    return {k: str(v) for k, v in sorted(flat.items()) if k not in RESUMABLE_FIELDS}
+
+
+def fingerprint(cfg: Config) -> str:
+    """A short digest of what the run computes: equal for every attempt of one run, and only then."""
+    return hashlib.sha1(json.dumps(identity(cfg.flatten()), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``["moco.m: 0.99 -> 0.9", ...]`` over the identity fields of two flattened configs."""
+    a, b = identity(old), identity(new)
+    return [f"{k}: {a.get(k, '(absent)')} -> {b.get(k, '(absent)')}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
+
+
+class ConfigMismatchError(ValueError):
+    """A run or sweep name asked to resume with settings other than the ones it started with."""
+
+
+def check_same_config(what: str, old: Mapping[str, Any], new: Mapping[str, Any], fresh: str) -> None:
+    """Refuse to resume ``what`` when its identity fields changed; the error lists them and how to start fresh."""
+    diff = config_diff(old, new)
+    if diff:
+        raise ConfigMismatchError(f"{what} was started with other settings; resuming would mix them. Changed: "
+                                  f"{'; '.join(diff)}. Resume with the original settings, or start fresh: {fresh}")
+
+
+NAME_RULE = ("1 to 200 characters from letters, digits and . _ = -, starting with a letter, digit or _ "
+             "(it names a folder and an MLflow filter value)")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=-]{0,199}")
+
+
+def check_name(field: str, name: str) -> str:
+    """Run and sweep names become folder names and MLflow filter values: a safe set, nothing that escapes."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{field}: {name!r} is not a valid name; use {NAME_RULE}")
+    return name
+
+
+PATH_FIELDS = ("data.root", "run.output_dir")  # resolved against the caller's folder before Ray moves processes
+
+
+def absolute_paths(overrides: Mapping[str, Any], cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``overrides`` with relative path fields made absolute against ``cwd`` (default: this folder)."""
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    out = dict(overrides)
+    for key in PATH_FIELDS:
+        value = out.get(key)
+        if isinstance(value, str) and value:
+            p = Path(value).expanduser()
+            out[key] = str(p if p.is_absolute() else (base / p).resolve())
+    return out
+
+
+def with_absolute_paths(cfg: Config, cwd: str | os.PathLike[str] | None = None) -> Config:
+    """The config with ``data.root`` and ``run.output_dir`` absolute: Ray's workers and trials run elsewhere."""
+    flat = cfg.flatten()
+    return apply_overrides(cfg, absolute_paths({k: flat[k] for k in PATH_FIELDS}, cwd))
+
+
 def _check_data_path(d: DataConfig) -> None:
     if d.name == "imagefolder" and not d.root:
         raise ValueError("data.root: imagefolder needs a folder path (root/train/<class>/*.jpg)")
@@ -410,3 +485,9 @@ def _check_data_path(d: DataConfig) -> None:
         raise ValueError(f"data.root: {root!r} does not exist")
     if p.exists() and not (p.is_dir() and os.access(p, os.R_OK | os.X_OK)):
         raise ValueError(f"data.root: {root!r} is not a readable folder")
+    if d.name == "imagefolder":
+        missing = [name for name, options in (("train/", ("train",)), ("test/ or val/", ("test", "val")))
+                   if not any((p / o).is_dir() for o in options)]
+        if missing:
+            raise ValueError(f"data.root: imagefolder {root!r} has no {' and no '.join(missing)} folder "
+                             f"(expected root/train/<class>/*.jpg and root/val/<class>/*.jpg)")

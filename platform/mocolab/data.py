@@ -38,6 +38,7 @@ __all__ = [
     "iterate_batches",
     "load_dataset",
     "read_idx",
+    "skipped_message",
 ]
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "cifar10", "stl10", "imagefolder", "synthetic")
@@ -78,6 +79,7 @@ class ImageDataset:
     labels: torch.Tensor  # int64, N
     classes: int
     name: str
+    skipped: tuple[str, ...] = ()  # files the loader could not decode (imagefolder): reported, not trained on
 
     def __post_init__(self) -> None:
         # Checked here once so every consumer (augmentation, all_gather, kNN
@@ -443,6 +445,7 @@ def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDat
 
     images: list[torch.Tensor] = []
     labels: list[int] = []
+    skipped: list[str] = []
     for cls in _class_dirs(folder):
         if cls not in index:
             raise ValueError(
@@ -460,23 +463,42 @@ def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDat
                     # torchcodec; they still work, and are what is installed.
                     warnings.simplefilter("ignore", DeprecationWarning)
                     img = decode_image(read_file(str(file)), mode=ImageReadMode.RGB)
-            except Exception as exc:  # noqa: BLE001 - torchvision raises RuntimeError for bad data
-                raise ValueError(f"data.root: cannot decode image {str(file)!r}: {exc}") from exc
+            except Exception:  # noqa: BLE001 - torchvision raises RuntimeError for bad data
+                skipped.append(str(file.relative_to(base)))  # a corrupt file in a million is not fatal
+                continue
             if img.ndim == 4:  # animated GIF: first frame
                 img = img[0]
-            images.append(_resize_uint8(img.unsqueeze(0), image_size)[0])
+            images.append(_resize_uint8(_to_uint8(img).unsqueeze(0), image_size)[0])
             labels.append(index[cls])
     if not images:
         raise ValueError(
-            f"data.root: imagefolder {root!r} holds no images ({', '.join(IMAGE_EXTENSIONS)}) "
-            f"under {folder_name}/<class>/"
+            f"data.root: imagefolder {root!r} holds no readable images ({', '.join(IMAGE_EXTENSIONS)}) "
+            f"under {folder_name}/<class>/" + (f"; {skipped_message(skipped)}" if skipped else "")
         )
+    if skipped:
+        warnings.warn(f"data.root: imagefolder {root!r} ({folder_name}/): {skipped_message(skipped)}", stacklevel=2)
     return ImageDataset(
         images=torch.stack(images).contiguous(),
         labels=torch.tensor(labels, dtype=torch.int64),
         classes=len(class_names),
         name="imagefolder",
+        skipped=tuple(skipped),
     )
+
+
+def skipped_message(skipped: list[str] | tuple[str, ...], show: int = 3) -> str:
+    """'skipped 12 unreadable files (a.jpg, b.png, c.jpg, ...)': what a run prints about its data."""
+    more = ", ..." if len(skipped) > show else ""
+    return f"skipped {len(skipped)} unreadable file(s) ({', '.join(skipped[:show])}{more})"
+
+
+def _to_uint8(img: torch.Tensor) -> torch.Tensor:
+    """16-bit images (PNG) scaled to 8 bits with rounding; uint8 passes through."""
+    if img.dtype == torch.uint8:
+        return img
+    if img.dtype == torch.uint16:
+        return ((img.to(torch.int32) * 255 + 32767) // 65535).to(torch.uint8)
+    raise ValueError(f"unsupported image dtype {img.dtype}")
 
 
 # --------------------------------------------------------------------------- synthetic

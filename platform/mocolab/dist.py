@@ -73,6 +73,18 @@ def _reduce_scatter_sum(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank if ``flag`` is True on any: decisions that must be taken together (divergence)."""
+    _, world = rank_and_world()
+    if world == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
 @torch.no_grad()
 def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
     """All-gather along dim 0 (B×… -> (B·W)×…, rank-major), outside autograd."""

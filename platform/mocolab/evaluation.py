@@ -41,14 +41,18 @@ def extract_features(backbone: Callable[[torch.Tensor], torch.Tensor], images: t
 @torch.no_grad()
 def knn_predict(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                 classes: int, k: int = 200, t: float = 0.1, chunk: int = 1024) -> torch.Tensor:
-    """Weighted kNN (Wu et al. 2018): the k most cosine-similar training samples vote with weight exp(s/t)."""
+    """Weighted kNN (Wu et al. 2018): the k most cosine-similar training samples vote with weight exp(s/t).
+
+    The weights are computed as exp((s − s_max)/t), the same votes up to one factor per query, so no
+    temperature t > 0 overflows (exp(1/t) is inf in float32 for t < 0.012).
+    """
     bank = F.normalize(train_feats, dim=1)
     k = min(k, bank.shape[0])
     preds = []
     for i in range(0, test_feats.shape[0], chunk):
         q = F.normalize(test_feats[i:i + chunk], dim=1)
         sim, idx = (q @ bank.T).topk(k, dim=1)  # chunk×k
-        weights = (sim / t).exp()
+        weights = ((sim - sim[:, :1]) / t).exp()  # topk sorts: column 0 holds each row's maximum
         votes = torch.zeros(q.shape[0], classes, dtype=weights.dtype)
         votes.scatter_add_(1, train_labels[idx], weights)
         preds.append(votes.argmax(dim=1))

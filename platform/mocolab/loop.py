@@ -92,7 +92,7 @@ class TrainResult:
 def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
     if n is None or n >= len(ds):
         return ds
-    return datasets.ImageDataset(ds.images[:n], ds.labels[:n], ds.classes, ds.name)
+    return datasets.ImageDataset(ds.images[:n], ds.labels[:n], ds.classes, ds.name, ds.skipped)
 
 
 def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset]:
@@ -246,7 +246,8 @@ class Trainer:
         # InfoNCE against the queue, enqueue the keys (moco.py)
         out = self.model(im_q, im_k)
         loss = float(out.loss.detach())
-        if not math.isfinite(loss) or loss > self.divergence_threshold:
+        # decided across ranks: one rank's NaN stops every rank at this step, so no collective waits forever
+        if mdist.any_rank(not math.isfinite(loss) or loss > self.divergence_threshold):
             return StepResult(loss, 0.0, lr, diverged=True)  # no update from a garbage loss
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()  # gradients reach the query encoder only; DDP averages them across ranks
@@ -336,6 +337,9 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         f"on {tr.world_size} rank(s), {tr.total_steps} steps on {tr.device} "
         f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"
         + (f", resuming at step {tr.step}" if tr.step else ""))
+    for split, ds in (("train", tr.train_set), ("test", tr.test_set)):
+        if ds.skipped:
+            say(f"  {split} data: {datasets.skipped_message(ds.skipped)}")
     knn_init = tr.knn() if measure_init and main else None
     if knn_init is not None:
         say(f"  kNN top-1 at initialisation: {100 * knn_init:.2f}%")

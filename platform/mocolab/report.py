@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .analysis import PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, summarise  # noqa: E402
-from .tracking import Store, trials_frame  # noqa: E402
+from .tracking import Store, redact_uri, trials_frame  # noqa: E402
 
 CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
           ("staleness_mean", "mean key staleness (steps)"))
@@ -177,7 +177,7 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     n_bad = int((df["status"] != "finished").sum())
     seeds = df["params.run.seed"].nunique() if "params.run.seed" in df else 1
     subtitle = (f"{len(df)} trials, {seeds} seed(s), varying {', '.join(varying) or 'nothing'}; "
-                f"{n_bad} did not finish. Store: {uri}")
+                f"{n_bad} did not finish. Store: {redact_uri(uri)}")
     page = out / "report.html"
     page.write_text(PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle),
                                 sections="\n".join(sections), table=_table_html(df, varying, ui_url, experiment_id)))

@@ -18,12 +18,22 @@ PAPER_MOMENTUM: dict[float, float] = {0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999
 
 
 def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
-    """Per value of ``by`` (a config key): mean ± std of the accuracies over seeds, and the statuses."""
+    """Per value of ``by`` (a config key): mean ± std of the accuracies over seeds, and the statuses.
+
+    Seeds are counted, not trials: a search that samples one configuration twice with one seed ran a
+    repeat, not a second seed.  ``trials`` counts the runs, ``seeds`` the distinct seeds, ``repeats``
+    the difference; the accuracies average one finished trial per seed (the first).
+    """
     col = f"params.{by}"
+    seed_col = "params.run.seed"
     out = []
     for value, g in df.groupby(col, sort=True):
         ok = g[g["status"] == "finished"]
-        row = {by: value, "seeds": len(g), "status": _status(g["status"])}
+        seeds = g[seed_col].nunique() if seed_col in g else len(g)
+        if seed_col in ok:
+            ok = ok.drop_duplicates(subset=[seed_col])
+        row = {by: value, "trials": len(g), "seeds": seeds, "repeats": len(g) - seeds,
+               "status": _status(g["status"])}
         for m in ("linear_top1", "knn_top1"):
             vals = 100 * ok[m].dropna()
             row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan

@@ -8,8 +8,8 @@ from .mlflow_log import MetricsLogger, RunTracker
 from .source import git_commit, ray_job_id
 from .store import (FAILURE_TAG, PARENT_ID_TAG, PARENT_TAG, RUN_NAME_TAG, STATUS_TAG, SWEEP_TAG, Store, SweepRun,
                     trials_frame)
-from .uri import check_tracking_uri, resolve_tracking_uri
+from .uri import absolute_uri, check_tracking_uri, redact_text, redact_uri, resolve_tracking_uri
 
 __all__ = ["FAILURE_TAG", "MetricsLogger", "PARENT_ID_TAG", "PARENT_TAG", "RUN_NAME_TAG", "RunTracker", "STATUS_TAG",
-           "SWEEP_TAG", "Store", "SweepRun", "check_tracking_uri", "git_commit", "ray_job_id", "resolve_tracking_uri",
+           "SWEEP_TAG", "Store", "SweepRun", "absolute_uri", "check_tracking_uri", "redact_text", "redact_uri", "git_commit", "ray_job_id", "resolve_tracking_uri",
            "trials_frame"]

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import yaml
 from mlflow.entities import Metric, Run
 
+from ..config import check_same_config
 from .source import git_commit, ray_job_id
 from .store import PARENT_ID_TAG, RUN_NAME_TAG, Store, _quote
 
@@ -44,6 +45,8 @@ class RunTracker:
         """(run id, resumed?): an unfinished run of this name is continued, never duplicated."""
         existing = self.find(run_name, parent_run_id)
         if existing is not None:
+            check_same_config(f"run '{run_name}' (MLflow run {existing.info.run_id})", existing.data.params, params,
+                              "--set run.name=<a new name>, or delete that MLflow run")
             self.run_id = existing.info.run_id
             if existing.info.status != "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
@@ -64,21 +67,36 @@ class RunTracker:
         assert self.run_id is not None
         self.store.set_status(self.run_id, status_tag)
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, *, killed: bool = False) -> None:
+        """FAILED with ``reason``; ``killed``: the user stopped it (Ctrl-C, SIGTERM), so KILLED/interrupted."""
         if self.run_id is None:
             return
-        self.store.set_status(self.run_id, "failed", mlflow_status="FAILED", reason=reason)
+        self.store.set_status(self.run_id, "interrupted" if killed else "failed",
+                              mlflow_status="KILLED" if killed else "FAILED", reason=reason)
 
 
 class MetricsLogger:
-    """Worker side (rank 0): metrics by step into an existing run; steps already logged are skipped."""
+    """Worker side (rank 0): metrics by step into an existing run; steps already logged are skipped.
 
-    def __init__(self, uri: str, run_id: str) -> None:
+    Best-effort: a tracking store that goes away mid-run must not kill training (nor use up
+    ``run.max_failures``).  Batches that cannot be sent are kept, in order, and sent with the next
+    batch that gets through; ``close`` tries once more and says how many were lost.
+    """
+
+    def __init__(self, uri: str, run_id: str, say=print) -> None:
         self.store = Store(uri)
         self.client = self.store.client
         self.run_id = run_id
-        history = self.client.get_metric_history(run_id, "loss")
-        self.last_step = max((m.step for m in history), default=-1)
+        self.say = say
+        self.pending: list[list[Metric]] = []
+        self.lost = 0
+        self._down_since: float | None = None
+        try:
+            history = self.client.get_metric_history(run_id, "loss")
+            self.last_step = max((m.step for m in history), default=-1)
+        except Exception as err:  # noqa: BLE001 - the store is down: nothing known, nothing skipped
+            self._went_down(err)
+            self.last_step = -1
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Per-epoch metrics; a step at or below the last one logged (a restart's replay) is skipped."""
@@ -92,7 +110,40 @@ class MetricsLogger:
 
     def _send(self, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self.pending.append([Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self.flush()
+
+    def flush(self) -> bool:
+        """Send what is pending, oldest first; False (and kept) if the store does not answer."""
+        while self.pending:
+            try:
+                self.client.log_batch(self.run_id, metrics=self.pending[0])
+            except Exception as err:  # noqa: BLE001 - any failure of the store: keep the batch, go on training
+                self._went_down(err)
+                return False
+            self.pending.pop(0)
+        if self._down_since is not None:
+            self.say(f"MLflow: the tracking store answers again after {time.time() - self._down_since:.0f} s; "
+                     f"buffered metrics sent")
+            self._down_since = None
+        return True
+
+    def _went_down(self, err: Exception) -> None:
+        if self._down_since is None:
+            self._down_since = time.time()
+            self.say(f"MLflow: cannot log to the tracking store ({type(err).__name__}); training goes on and "
+                     f"the metrics are kept until it answers")
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
+        try:
+            self.client.set_tag(self.run_id, key, value)
+        except Exception as err:  # noqa: BLE001
+            self._went_down(err)
+
+    def close(self) -> int:
+        """Last try for what is pending; returns (and reports) the number of metric batches lost."""
+        if not self.flush():
+            self.lost = len(self.pending)
+            self.say(f"MLflow: {self.lost} batch(es) of metrics could not be logged (the tracking store did not "
+                     f"answer); the run's checkpoint history still holds every epoch")
+        return self.lost

@@ -18,6 +18,7 @@ import pandas as pd
 from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
+from ..config import check_same_config
 from .source import git_commit, ray_job_id
 from .uri import resolve_tracking_uri
 
@@ -39,7 +40,9 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
         status = tags.get(STATUS_TAG) or run.info.status.lower()
         if run.info.status == "RUNNING":
             status = "running"
-        row = {"label": tags.get("trial") or run.info.run_name, "status": status, "run_id": run.info.run_id}
+        row = {"label": tags.get("trial") or run.info.run_name, "status": status, "run_id": run.info.run_id,
+               "stopped_at_epoch": _num(tags.get("mocolab.stopped_at_epoch", "nan")),
+               "failure_reason": tags.get(FAILURE_TAG, "")}
         row.update({f"params.{k}": _num(v) for k, v in params.items()})
         row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
         rows.append(row)
@@ -149,6 +152,8 @@ class SweepRun:
         found = store.client.search_runs([exp_id], f"tags.`{PARENT_TAG}` = '{_quote(name)}'", max_results=1)
         if found:
             run_id = found[0].info.run_id
+            check_same_config(f"sweep '{name}' (MLflow parent run {run_id})", found[0].data.params, params,
+                              "use another --name, or delete that parent run and its folder")
             store.client.update_run(run_id, status="RUNNING")
             return cls(store, exp_id, run_id, True)
         all_tags = {SWEEP_TAG: name, PARENT_TAG: name, "git_commit": git_commit(),
@@ -176,12 +181,13 @@ class SweepRun:
         wanted = set(statuses)
         return {r.data.tags.get("trial") for r in self.children() if r.data.tags.get(STATUS_TAG) in wanted}
 
-    def close_running_children(self, status: str = "stopped", mlflow_status: str = "KILLED") -> int:
-        """Trials that Tune stopped early (ASHA) or that errored leave RUNNING runs: close them."""
+    def close_running_children(self, status: str, *, mlflow_status: str = "KILLED",
+                               reason: str | None = None) -> list[str]:
+        """Close the trials left RUNNING (stopped early by a scheduler, killed, interrupted); their ids."""
         runs = self.store.runs(self.experiment_id, parent_run_id=self.run_id, running_only=True)
         for run in runs:
-            self.store.set_status(run.info.run_id, status, mlflow_status=mlflow_status)
-        return len(runs)
+            self.store.set_status(run.info.run_id, status, mlflow_status=mlflow_status, reason=reason)
+        return [r.info.run_id for r in runs]
 
     def set_status(self, status: str, *, mlflow_status: str = "FINISHED", reason: str | None = None) -> None:
         self.store.set_status(self.run_id, status, mlflow_status=mlflow_status, reason=reason)

@@ -1,33 +1,82 @@
-"""Where the MLflow store is: one resolution rule for the CLI, the studies and the workers."""
+"""Where the MLflow store is: one resolution rule for the CLI, the studies and the workers.
+
+Ray runs trials and workers in other working folders, so every store path
+is made absolute here, on the caller's side, before any process moves: a
+relative ``sqlite:///x.db``, ``file:./mlruns`` or plain ``./mlruns`` means the
+caller's folder, wherever the writer later runs.  Credentials in a URI
+(``user:password@``) are never printed: ``redact_uri`` is what output shows.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:?#]*):(?P<secret>[^/@?#]*)@")
+
+
+def redact_uri(uri: str) -> str:
+    """``postgresql://alice:s3cret@db/mlflow`` -> ``postgresql://alice:***@db/mlflow`` (for output and logs)."""
+    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:***@", uri)
+
+
+def redact_text(text: str, uri: str | None) -> str:
+    """``text`` with every occurrence of the secret in ``uri`` replaced (error messages quote URIs)."""
+    m = _CREDENTIALS.search(uri or "")
+    out = _CREDENTIALS.sub(lambda mm: f"{mm['scheme']}{mm['user']}:***@", text)
+    if m and m["secret"]:
+        out = out.replace(m["secret"], "***")
+    return out
+
+
+def absolute_uri(uri: str, cwd: str | os.PathLike[str] | None = None) -> str:
+    """A store URI whose local path (if any) is absolute, resolved against ``cwd`` (default: this folder)."""
+    base = Path(cwd) if cwd is not None else Path.cwd()
+
+    def absolute(path: str) -> str:
+        p = Path(path).expanduser()
+        return str(p if p.is_absolute() else (base / p).resolve())
+
+    if uri.startswith("sqlite:///"):
+        path, sep, query = uri[len("sqlite:///"):].partition("?")
+        if path and path != ":memory:":
+            path = absolute(path)
+        return f"sqlite:///{path}{sep}{query}"
+    if uri.startswith("file:"):
+        rest = uri[len("file:"):]
+        if rest.startswith("//"):  # file://host/path or file:///path: already absolute
+            return uri
+        return f"file:{absolute(rest)}"
+    if uri.startswith("databricks") or (re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri)
+                                        and not re.match(r"^[A-Za-z]:[\\/]", uri)):
+        return uri  # a server, database or hosted URI: nothing local to resolve
+    return absolute(uri)  # a bare path is MLflow's file store
+
 
 def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """``explicit``, else $MLFLOW_TRACKING_URI, else ``sqlite:///<cwd>/mlflow.db`` (absolute: Ray workers
-    run in other folders)."""
+    """``explicit``, else $MLFLOW_TRACKING_URI, else ``sqlite:///<cwd>/mlflow.db``; local paths made absolute."""
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
-        return uri
+        return absolute_uri(uri)
     return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Fail before any work when a tracking server does not answer (a clear error, not a hang)."""
+    shown = redact_uri(uri)
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
                 if resp.status != 200:
-                    raise ValueError(f"tracking URI {uri}: /health answered {resp.status}")
+                    raise ValueError(f"tracking URI {shown}: /health answered {resp.status}")
         except (urllib.error.URLError, OSError) as err:
-            raise ValueError(f"tracking URI {uri}: the MLflow server does not answer ({err}); start it or "
-                             f"set MLFLOW_TRACKING_URI to a reachable one") from None
+            raise ValueError(f"tracking URI {shown}: the MLflow server does not answer "
+                             f"({redact_text(str(err), uri)}); start it or set MLFLOW_TRACKING_URI to a "
+                             f"reachable one") from None
     elif uri.startswith("sqlite:///"):
-        folder = Path(uri[len("sqlite:///"):]).expanduser().parent
+        folder = Path(uri[len("sqlite:///"):].partition("?")[0]).expanduser().parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise ValueError(f"tracking URI {uri}: folder {folder} is not writable")
+            raise ValueError(f"tracking URI {shown}: folder {folder} is not writable")

@@ -9,14 +9,21 @@ checkpoint and continues the same MLflow run.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import Config, validate
-from ..tracking import RunTracker, check_tracking_uri, resolve_tracking_uri
+from ..interrupts import reassert
+from ..config import Config, check_same_config, fingerprint, validate, with_absolute_paths
+from ..lock import NameLock
+from ..tracking import RunTracker, check_tracking_uri, redact_text, redact_uri, resolve_tracking_uri
+from .checkpoint import LOCAL_CHECKPOINT
+from .resources import check_device, check_placement
+
+CONFIG_RECORD = "config.json"  # beside a run's checkpoints: what the run was started with
 
 
 @dataclass
@@ -32,17 +39,41 @@ class TrainOutcome:
     checkpoint_path: str | None
 
 
+def check_cluster() -> None:
+    """A RAY_ADDRESS that does not answer is an error before any MLflow run is made (not a long hang)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address or address == "auto":
+        return
+    import socket
+    from urllib.parse import urlparse
+
+    if "://" in address:
+        u = urlparse(address)
+        host, port = u.hostname, u.port or (8265 if u.scheme.startswith("http") else 10001)
+    else:
+        host, _, port_text = address.rpartition(":")
+        port = int(port_text) if port_text.isdigit() else 6379
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as err:
+        raise ValueError(f"RAY_ADDRESS={address}: the cluster does not answer ({err}); start it "
+                         f"(`ray start --head`) or unset RAY_ADDRESS to run on a local Ray") from None
+
+
 def ensure_ray(num_cpus: int | None = None) -> None:
-    """Join $RAY_ADDRESS when set, else start a local Ray (no dashboard: nothing listens for strangers)."""
+    """Join $RAY_ADDRESS when set (after checking it answers), else start a local Ray (no dashboard:
+    nothing listens for strangers)."""
     import ray
 
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
     if address:
+        check_cluster()
         ray.init(address=address)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False)
+    reassert()  # Ray installs its own SIGTERM handler; Ctrl-C/SIGTERM must still close our runs
 
 
 def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | None = None,
@@ -53,15 +84,40 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     ``callbacks`` go to Ray Train's RunConfig: a sweep passes Tune's
     ``TuneReportCallback`` so each epoch's metrics reach the scheduler.
     """
-    validate(cfg)
+    cfg = with_absolute_paths(validate(cfg))  # workers run in other folders
     uri = resolve_tracking_uri(tracking_uri)
     if log_to_mlflow:
         check_tracking_uri(uri)
     name = cfg.run_name
-    storage = Path(cfg.run.output_dir).expanduser().resolve()
-    storage.mkdir(parents=True, exist_ok=True)
+    storage = Path(cfg.run.output_dir)
+    workers = cfg.run.num_workers
+    if workers > 0:  # a request the cluster can never place is an error now, not a hang later
+        check_device(cfg.run.device, cfg.run.gpus_per_worker)
+        ensure_ray()
+        check_placement(workers, cfg.run.cpus_per_worker, cfg.run.gpus_per_worker, what=f"run '{name}'")
+    run_dir = storage / name
+    with NameLock(run_dir, f"run '{name}'", say=progress):
+        _check_resume(cfg, run_dir)
+        return _fit_locked(cfg, uri, run_dir, parent_run_id=parent_run_id, tags=tags, display_name=display_name,
+                           log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks)
 
-    import ray.train
+
+def _check_resume(cfg: Config, run_dir: Path) -> None:
+    """A run folder records its config; the same name with other settings is refused before any work."""
+    record = run_dir / CONFIG_RECORD
+    fresh = f"--set run.name=<a new name>, or remove {run_dir} (and its MLflow run)"
+    if record.is_file():
+        check_same_config(f"run '{cfg.run_name}'", json.loads(record.read_text()), cfg.flatten(), fresh)
+    else:
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cfg.flatten(), indent=1, default=str))
+        os.replace(tmp, record)
+
+
+def _fit_locked(cfg: Config, uri: str, run_dir: Path, *, parent_run_id: str | None, tags: dict[str, str] | None,
+                display_name: str | None, log_to_mlflow: bool, progress: Callable[[str], None],
+                callbacks: list | None) -> TrainOutcome:
+    name, storage, workers = cfg.run_name, run_dir.parent, cfg.run.num_workers
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -70,43 +126,60 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     if log_to_mlflow:
         tracker = RunTracker(uri, cfg.run.experiment)
         run_id, resumed = tracker.start(
-            name, cfg.flatten(), cfg.to_dict(), tags={"preset": cfg.run.preset, **(tags or {})},
+            name, cfg.flatten(), cfg.to_dict(),
+            tags={"preset": cfg.run.preset, "mocolab.config_fingerprint": fingerprint(cfg), **(tags or {})},
             parent_run_id=parent_run_id, display_name=display_name)
         progress(f"MLflow: {'resuming' if resumed else 'created'} run {run_id} in experiment "
-                 f"'{cfg.run.experiment}' at {uri}")
-    workers = cfg.run.num_workers
-    if workers > 0:
-        ensure_ray()
+                 f"'{cfg.run.experiment}' at {redact_uri(uri)}")
     resources = {"CPU": cfg.run.cpus_per_worker}
     if cfg.run.gpus_per_worker:
         resources["GPU"] = cfg.run.gpus_per_worker
-    trainer = TorchTrainer(
-        _loop,
-        train_loop_config={"config": cfg.to_dict(), "mlflow_run_id": run_id, "tracking_uri": uri,
-                           "run_dir": str(storage / name)},
-        scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
-                                     resources_per_worker=resources if workers else None),
-        run_config=RunConfig(name=name, storage_path=str(storage),
-                             failure_config=FailureConfig(max_failures=cfg.run.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),
-                             callbacks=callbacks or None),
-    )
-    try:
-        result = trainer.fit()
-    except BaseException as err:  # noqa: BLE001 - the run is marked FAILED with the reason, then re-raised
-        if tracker is not None:
-            tracker.fail(f"{type(err).__name__}: {err}")
-        raise
+    def attempt():
+        trainer = TorchTrainer(
+            _loop,
+            train_loop_config={"config": cfg.to_dict(), "mlflow_run_id": run_id, "tracking_uri": uri,
+                               "run_dir": str(run_dir)},
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
+                                         resources_per_worker=resources if workers else None),
+            run_config=RunConfig(name=name, storage_path=str(storage),
+                                 failure_config=FailureConfig(max_failures=cfg.run.max_failures),
+                                 checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),
+                                 callbacks=callbacks or None),
+        )
+        return trainer.fit()
+
+    failures = 0
+    while True:
+        try:
+            result = attempt()
+            break
+        except Exception as err:  # noqa: BLE001 - recorded on the MLflow run, then re-raised
+            failures += 1
+            if workers == 0 and failures <= cfg.run.max_failures:  # local mode has no Ray restarts: retry here
+                progress(f"run '{name}' failed ({type(err).__name__}: {err}); restarting from its latest "
+                         f"checkpoint ({failures}/{cfg.run.max_failures})")
+                continue
+            if tracker is not None:
+                tracker.fail(redact_text(f"{type(err).__name__}: {err}", uri))
+            raise
+        except BaseException as err:  # Ctrl-C, SIGTERM: the run is closed as KILLED with the reason
+            if tracker is not None:
+                tracker.fail(f"interrupted ({type(err).__name__})", killed=True)
+            raise
     m = result.metrics or {}
     diverged = bool(m.get("diverged", 0.0))
     status = "diverged" if diverged else "finished"
     if tracker is not None:
         tracker.finish(status)
     loss = m.get("final_loss")
+    if workers == 0:  # local mode: Ray's result names a temporary folder; the run keeps its own copy
+        local = run_dir / LOCAL_CHECKPOINT
+        checkpoint = str(local) if (local / "rank0.pt").is_file() else None
+    else:
+        checkpoint = result.checkpoint.path if result.checkpoint is not None else None
     return TrainOutcome(name, run_id, status, m.get("linear_top1"), m.get("knn_top1"),
                         None if loss is None or (isinstance(loss, float) and math.isnan(loss)) else loss,
-                        int(m.get("steps", 0)), resumed,
-                        result.checkpoint.path if result.checkpoint is not None else None)
+                        int(m.get("steps", 0)), resumed, checkpoint)
 
 
 def _loop(config: dict) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import from_dict
+from ..config import check_same_config, from_dict
 from ..loop import EpochRecord, Trainer, run_training
 from ..tracking import MetricsLogger
-from .checkpoint import load_rank_state, save_rank_state
+from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
 
 
 def _report(trainer: Trainer, config: dict, metrics: dict, local_dir: Path | None = None) -> None:
@@ -33,12 +33,15 @@ def _report(trainer: Trainer, config: dict, metrics: dict, local_dir: Path | Non
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
-def _maybe_inject_fault(trainer: Trainer, fault_step: int, marker: Path) -> None:
-    """Testing aid: the last rank dies hard at ``fault_step``, once per run (a marker file remembers)."""
+def _maybe_inject_fault(trainer: Trainer, fault_step: int, marker: Path, local: bool) -> None:
+    """Testing aid: the last rank dies hard at ``fault_step``, once per run (a marker file remembers).
+    In local mode (W = 0) the loop runs in the driver, so the fault is an exception, not an exit."""
     if fault_step and trainer.step == fault_step and trainer.rank == trainer.world_size - 1 \
             and not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"worker exited at step {fault_step}\n")
+        if local:
+            raise RuntimeError(f"injected fault at step {fault_step} (run.fault_step)")
         os._exit(17)
 
 
@@ -47,18 +50,26 @@ def train_loop_per_worker(loop_config: dict) -> None:
     import ray.train.torch
 
     cfg = from_dict(loop_config["config"])
+    # Metric logging is best-effort (tracking.MetricsLogger buffers what a dead server refuses): fail a
+    # request in seconds rather than after MLflow's default minutes of retries, unless the user chose.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     if cfg.run.threads or cfg.run.num_workers > 0:  # Ray sets OMP threads, not torch's: use the CPU share
         torch.set_num_threads(cfg.run.threads or max(1, int(cfg.run.cpus_per_worker)))
     device = ray.train.torch.get_device() if cfg.run.gpus_per_worker > 0 else torch.device("cpu")
     trainer = Trainer(cfg, device=device)
     checkpoint = ray.train.get_checkpoint()
-    local_dir = Path(loop_config["run_dir"]) / "local-checkpoint"
+    local_dir = Path(loop_config["run_dir"]) / LOCAL_CHECKPOINT
+    state = saved = None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            state, _ = load_rank_state(folder, trainer.rank, trainer.world_size)
-        trainer.load_state_dict(state)
+            state, saved = load_rank_state(folder, trainer.rank, trainer.world_size)
     elif cfg.run.num_workers == 0 and (local_dir / "rank0.pt").is_file():
-        state, _ = load_rank_state(local_dir, 0, 1)
+        state, saved = load_rank_state(local_dir, 0, 1)
+    if state is not None:  # the driver checked the run's record; the checkpoint itself must agree too
+        check_same_config(f"checkpoint of run '{cfg.run_name}'", from_dict(saved).flatten(), cfg.flatten(),
+                          "--set run.name=<a new name>")
         trainer.load_state_dict(state)
 
     logger = None
@@ -69,7 +80,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     keep = local_dir if cfg.run.num_workers == 0 else None
 
     def on_step(tr: Trainer) -> None:
-        _maybe_inject_fault(tr, cfg.run.fault_step, marker)
+        _maybe_inject_fault(tr, cfg.run.fault_step, marker, local=cfg.run.num_workers == 0)
         if every and tr.step % every == 0 and tr.step % tr.steps_per_epoch and tr.step < tr.total_steps:
             _report(tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
 
@@ -90,4 +101,5 @@ def train_loop_per_worker(loop_config: dict) -> None:
                          result.steps)
         if result.diverged:
             logger.set_tag("mocolab.diverged_at_step", str(result.steps))
+        logger.close()
     _report(trainer, loop_config["config"], final, keep)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -11,7 +10,9 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..config import list_presets, parse_overrides
+from ..interrupts import closing_on_signals, exit_code
 from ..report import build_report
+from ..tracking import redact_uri
 from .sweep import Sweep, Trial, resolve_sweep, run_sweep, sweep_dir
 
 # What a study's report function returns: the printed summary, its plot (or None) and its table.
@@ -60,53 +61,64 @@ def make_sweep(args: argparse.Namespace, study: str, description: str, trials: l
                  tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after, **search)
 
 
-def check_cluster() -> None:
-    """A RAY_ADDRESS that does not answer is an error before any MLflow run is made."""
-    address = os.environ.get("RAY_ADDRESS")
-    if not address or address == "auto":
-        return
-    import socket
-    from urllib.parse import urlparse
-
-    if "://" in address:
-        u = urlparse(address)
-        host, port = u.hostname, u.port or (8265 if u.scheme.startswith("http") else 10001)
-    else:
-        host, _, port_text = address.rpartition(":")
-        port = int(port_text) if port_text.isdigit() else 6379
-    try:
-        socket.create_connection((host, port), timeout=5).close()
-    except OSError as err:
-        raise ValueError(f"RAY_ADDRESS={address}: the cluster does not answer ({err}); start it "
-                         f"(`ray start --head`) or unset RAY_ADDRESS to run on a local Ray") from None
-
-
 def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
     """Run the sweep, then ``report(out_dir, trials) -> (text, figure, table)``; print and log it.
 
     ``out_dir`` is the sweep's folder (``<storage>/<name>``, absolute), where the study saves its plot.
+    Exit status: 0 every trial has an outcome (finished, diverged, or stopped early by the search's
+    scheduler); 1 a trial failed; 2 bad input, refused before any trial; 128+N ended by signal N
+    (Ctrl-C: 130, SIGTERM: 143), the sweep marked interrupted and resumable by the same command.
     """
     sweep = resolve_sweep(sweep)
-    try:
-        check_cluster()
-        parent, _ = run_sweep(sweep)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    with closing_on_signals():
+        try:
+            parent, _ = run_sweep(sweep)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as err:
+            print(f"interrupted: sweep '{sweep.name}' and its open trials are marked interrupted in MLflow; "
+                  f"run the same command again to resume", file=sys.stderr)
+            return exit_code(err)
+        try:
+            return _conclude(sweep, parent, report)
+        except BaseException as err:  # the sweep ran; a failure while summarising must still close its parent
+            parent.set_status("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+                              mlflow_status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
+                              reason=f"while summarising: {type(err).__name__}: {err}")
+            if isinstance(err, KeyboardInterrupt):
+                return exit_code(err)
+            raise
+
+
+def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
     trials = parent.trials()
     if trials.empty:
-        print("no trial finished: nothing to summarise", file=sys.stderr)
+        print("no trial ran: nothing to summarise", file=sys.stderr)
+        parent.set_status("failed", mlflow_status="FAILED", reason="no trial ran")
         return 1
     text, figure, table = report(sweep_dir(sweep), trials)
+    stopped = trials[trials["status"] == "stopped_early"]
+    if not stopped.empty:
+        text += "\nStopped early by the scheduler (a normal outcome of a search): " + ", ".join(
+            f"{r.label} after epoch {int(r.stopped_at_epoch)}" if r.stopped_at_epoch == r.stopped_at_epoch
+            else str(r.label) for r in stopped.itertuples())
     print(text)
     parent.log_summary(table, trials, figure, text)
     rep = build_report(sweep.study, sweep_dir(sweep) / "report", parent_run=parent.run_id,
                        tracking_uri=sweep.tracking_uri)
-    bad = trials["status"].isin(["failed", "running", "stopped"]).sum()
-    parent.set_status("finished")
+    bad = trials[trials["status"].isin(["failed", "running", "interrupted"])]
+    if bad.empty:
+        parent.set_status("finished")
+    else:
+        what = (f"all {len(trials)} trials failed" if len(bad) == len(trials)
+                else f"{len(bad)} of {len(trials)} trials did not finish")
+        detail = "; ".join(f"{r.label}: {r.failure_reason or r.status}" for r in bad.itertuples())
+        print(f"\n{what}: {detail}\nRun the same command again to retry them.", file=sys.stderr)
+        parent.set_status("failed", mlflow_status="FAILED", reason=f"{what}: {detail}")
     print(f"\nMLflow: experiment '{sweep.study}', parent run {parent.run_id} with {len(trials)} child runs.")
-    print(f"Open the UI: mlflow ui --backend-store-uri {parent.uri}   (then http://127.0.0.1:5000)")
+    print(f"Open the UI: mlflow ui --backend-store-uri {redact_uri(parent.uri)}   (then http://127.0.0.1:5000)")
     if figure is not None:
         print(f"Plot: {figure}")
     print(f"Report: {rep.html}  (also under the parent run's artifacts, report/)")
-    return 0 if bad == 0 else 1
+    return 0 if bad.empty else 1

@@ -20,8 +20,9 @@ from typing import Any, Callable
 
 from ray.tune import Stopper
 
-from ..config import build_config
-from ..tracking import SWEEP_TAG, Store, SweepRun, check_tracking_uri, resolve_tracking_uri
+from ..config import absolute_paths, build_config, check_name
+from ..lock import NameLock
+from ..tracking import SWEEP_TAG, Store, SweepRun, check_tracking_uri, redact_uri, resolve_tracking_uri
 from .search import build_scheduler, build_searcher, check_search, tune_space
 
 
@@ -105,8 +106,9 @@ def _slug(label: str) -> str:
 
 def validate_sweep(sweep: Sweep) -> None:
     """Every trial's config is built and validated, the tracking store answers: before any trial starts."""
-    if not sweep.name or "/" in sweep.name:
-        raise ValueError(f"--name: {sweep.name!r} must be a non-empty name without '/'")
+    check_name("--name", sweep.name)
+    if sweep.cpus_per_worker is not None and not sweep.cpus_per_worker > 0:
+        raise ValueError(f"--cpus-per-worker: {sweep.cpus_per_worker} must be > 0")
     check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
     if sweep.search == "grid" and not sweep.trials:
         raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
@@ -186,9 +188,10 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
 
 
 def resolve_sweep(sweep: Sweep) -> Sweep:
-    """The sweep with its store and storage made absolute: trials run in other working folders."""
+    """The sweep with its store, storage and data paths made absolute: trials run in other working folders."""
     return dataclasses.replace(sweep, tracking_uri=resolve_tracking_uri(sweep.tracking_uri),
-                               storage=str(Path(sweep.storage).expanduser().resolve()))
+                               storage=str(Path(sweep.storage).expanduser().resolve()),
+                               base_overrides=absolute_paths(sweep.base_overrides))
 
 
 def sweep_dir(sweep: Sweep) -> Path:
@@ -197,23 +200,71 @@ def sweep_dir(sweep: Sweep) -> Path:
 
 
 def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[SweepRun, Any]:
-    """Validate, open (or find) the parent run, run (or resume) the trials; returns (parent, Tune results)."""
+    """Validate, open (or find) the parent run, run (or resume) the trials; returns (parent, Tune results).
+
+    Everything that can be refused is refused before the parent run exists: bad input, a request the
+    cluster can never place, another live invocation of the same sweep, a resume with other settings.
+    """
     sweep = resolve_sweep(sweep)
     validate_sweep(sweep)
-    from ray import tune
-
     from ..train.launch import ensure_ray
+    from ..train.resources import check_device, check_placement, node_capacities
 
     ensure_ray()
+    nodes = node_capacities()
+    conc, cpus = resolve_resources(sweep, sum(n["CPU"] for n in nodes) or float(os.cpu_count() or 1))
+    if sweep.workers_per_trial > 0:
+        device = build_config(sweep.preset, sweep.base_overrides).run.device
+        check_device(device, sweep.gpus_per_worker)
+        check_placement(sweep.workers_per_trial, cpus, sweep.gpus_per_worker, extra_cpus=TRIAL_DRIVER_CPUS,
+                        nodes=nodes, what="each trial")
+    else:
+        check_placement(1, cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker, 0.0, nodes=nodes,
+                        what="each trial (local mode)")
+    with NameLock(sweep_dir(sweep), f"sweep '{sweep.name}'", say=progress):
+        parent = open_parent(sweep)
+        progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
+                 f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
+                 f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {redact_uri(parent.uri)}")
+        try:
+            tuner = _tuner(sweep, parent, conc, cpus, progress)
+            grid = tuner.fit() if tuner is not None else None
+        except BaseException as err:  # Ctrl-C, SIGTERM, an error: close every run, keep the sweep resumable
+            _close_interrupted(parent, err)
+            raise
+        leftovers = "stopped_early" if sweep.scheduler != "fifo" else "failed"
+        for run_id in parent.close_running_children(leftovers, reason=_LEFTOVER_REASON[leftovers]):
+            if leftovers == "stopped_early":
+                epochs = len(parent.store.metric_history(run_id, "loss"))
+                parent.store.client.set_tag(run_id, "mocolab.stopped_at_epoch", str(epochs))
+    return parent, grid
+
+
+_LEFTOVER_REASON = {
+    "stopped_early": "stopped by the scheduler (ASHA) after too weak a start: a normal outcome of a search",
+    "failed": "the trial's process ended without closing its run (see Tune's error for the trial)",
+}
+
+
+def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
+    """Stop the trials (a Ray this driver started ends with it), then mark every open run interrupted."""
     import ray
 
-    cluster_cpus = float(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
-    conc, cpus = resolve_resources(sweep, cluster_cpus)
-    parent = open_parent(sweep)
-    progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
-             f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
-             f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {parent.uri}")
+    reason = f"{type(err).__name__}: {err}".rstrip(": ")
+    try:
+        ray.shutdown()  # the trials' actors end with this driver: nothing writes after we close
+    except Exception:  # noqa: BLE001 - closing the runs matters more than a clean disconnect
+        pass
+    parent.close_running_children("interrupted", reason=f"the sweep was interrupted ({reason})")
+    parent.set_status("interrupted", mlflow_status="KILLED",
+                      reason=f"{reason}; run the same command again to resume")
+
+
+def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, progress: Callable[[str], None]):
+    """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials); None if all done."""
     from functools import partial
+
+    from ray import tune
 
     resources = {"CPU": TRIAL_DRIVER_CPUS}
     if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains
@@ -223,49 +274,38 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
         resources)
     stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
     tune_dir = sweep_dir(sweep) / "tune"
-    try:
-        if sweep.search != "grid":
-            # Not every report carries the search metric (the last epoch's kNN comes with the final
-            # report; checkpoint-only reports have none): ASHA skips those, Optuna reads the last one.
-            os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-            # A search's state lives in its searcher: resume it through Tune.
-            path = tune_dir / "search"
-            if tune.Tuner.can_restore(str(path)):
-                progress(f"resuming the search from {path}")
-                tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
-            else:
-                space = tune_space(sweep.search_space or {})
-                space["run.seed"] = tune.grid_search(sweep.seeds) if len(sweep.seeds) > 1 else sweep.seeds[0]
-                tuner = tune.Tuner(
-                    trainable, param_space=space,
-                    tune_config=tune.TuneConfig(
-                        max_concurrent_trials=conc, num_samples=sweep.num_samples,
-                        search_alg=build_searcher(sweep.search, sweep.metric, sweep.mode, sweep.seeds[0]),
-                        scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode,
-                                                  build_config(sweep.preset, sweep.base_overrides).optim.epochs)),
-                    run_config=tune.RunConfig(name="search", storage_path=str(tune_dir), verbose=1, stop=stop))
-        else:
-            # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
-            # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
-            done = parent.done_labels()
-            remaining = [t for t in sweep.trials if t.label not in done]
-            if done:
-                progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
-            if not remaining:
-                return parent, None
-            attempt = 1 + sum(1 for _ in tune_dir.glob("attempt-*")) if tune_dir.is_dir() else 1
-            space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
-            tuner = tune.Tuner(
-                trainable, param_space=space,
-                tune_config=tune.TuneConfig(max_concurrent_trials=conc),
-                run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=str(tune_dir), verbose=1,
-                                          stop=stop))
-        grid = tuner.fit()
-    except BaseException as err:  # the parent stays findable for a resume, but says what happened
-        parent.set_status("interrupted", mlflow_status="KILLED", reason=f"{type(err).__name__}: {err}")
-        raise
-    parent.close_running_children("stopped")
-    return parent, grid
+    if sweep.search != "grid":
+        # Not every report carries the search metric (the last epoch's kNN comes with the final
+        # report; checkpoint-only reports have none): ASHA skips those, Optuna reads the last one.
+        os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+        # A search's state lives in its searcher: resume it through Tune.
+        path = tune_dir / "search"
+        if tune.Tuner.can_restore(str(path)):
+            progress(f"resuming the search from {path}")
+            return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+        space = tune_space(sweep.search_space or {})
+        space["run.seed"] = tune.grid_search(sweep.seeds) if len(sweep.seeds) > 1 else sweep.seeds[0]
+        return tune.Tuner(
+            trainable, param_space=space,
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=conc, num_samples=sweep.num_samples,
+                search_alg=build_searcher(sweep.search, sweep.metric, sweep.mode, sweep.seeds[0]),
+                scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode,
+                                          build_config(sweep.preset, sweep.base_overrides).optim.epochs)),
+            run_config=tune.RunConfig(name="search", storage_path=str(tune_dir), verbose=1, stop=stop))
+    # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
+    # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
+    done = parent.done_labels()
+    remaining = [t for t in sweep.trials if t.label not in done]
+    if done:
+        progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
+    if not remaining:
+        return None
+    attempt = 1 + sum(1 for _ in tune_dir.glob("attempt-*")) if tune_dir.is_dir() else 1
+    space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
+    return tune.Tuner(
+        trainable, param_space=space, tune_config=tune.TuneConfig(max_concurrent_trials=conc),
+        run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=str(tune_dir), verbose=1, stop=stop))
 
 
 class _StopAfter(Stopper):

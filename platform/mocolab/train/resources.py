@@ -1,0 +1,57 @@
+"""Can the cluster ever place this request?  Asked before any MLflow run or trial starts.
+
+Ray does not refuse an infeasible request: the Train controller retries the
+worker group forever and Tune keeps trials PENDING.  So the request is
+checked here against the live nodes' totals: a GPU on a CPU-only cluster,
+more CPUs per worker than any node has, more workers than the nodes hold.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def node_capacities() -> list[dict[str, float]]:
+    """Total CPU and GPU of every live node of the connected Ray."""
+    import ray
+
+    return [{"CPU": float(n.get("Resources", {}).get("CPU", 0.0)), "GPU": float(n.get("Resources", {}).get("GPU", 0.0))}
+            for n in ray.nodes() if n.get("Alive")]
+
+
+def check_placement(workers: int, cpus_per_worker: float, gpus_per_worker: float, *, extra_cpus: float = 0.0,
+                    nodes: list[dict[str, float]] | None = None, what: str = "run") -> None:
+    """Raise ValueError, naming what was asked and what exists, if ``workers`` workers of
+    (``cpus_per_worker`` CPU, ``gpus_per_worker`` GPU) plus ``extra_cpus`` can never be placed."""
+    if cpus_per_worker <= 0:
+        raise ValueError(f"run.cpus_per_worker: {cpus_per_worker} must be > 0")
+    if gpus_per_worker < 0:
+        raise ValueError(f"run.gpus_per_worker: {gpus_per_worker} must be >= 0")
+    nodes = node_capacities() if nodes is None else nodes
+    have = ", ".join(f"node {i}: {n['CPU']:g} CPU, {n['GPU']:g} GPU" for i, n in enumerate(nodes)) or "no live node"
+    asked = (f"{what} asks for {workers} worker(s) x ({cpus_per_worker:g} CPU, {gpus_per_worker:g} GPU)"
+             + (f" + {extra_cpus:g} CPU for its driver" if extra_cpus else ""))
+    if gpus_per_worker > 0 and not any(n["GPU"] >= gpus_per_worker for n in nodes):
+        raise ValueError(f"{asked}, but no node has {gpus_per_worker:g} GPU ({have}); "
+                         f"use --set run.gpus_per_worker=0 (and run.device=cpu) on a CPU-only cluster")
+    if not any(n["CPU"] >= cpus_per_worker for n in nodes):
+        raise ValueError(f"{asked}, but no node has {cpus_per_worker:g} CPU ({have}); lower run.cpus_per_worker")
+    fit = 0
+    for n in nodes:
+        by_cpu = math.floor(n["CPU"] / cpus_per_worker + 1e-9)
+        by_gpu = math.floor(n["GPU"] / gpus_per_worker + 1e-9) if gpus_per_worker > 0 else by_cpu
+        fit += min(by_cpu, by_gpu)
+    total_cpu = sum(n["CPU"] for n in nodes)
+    if fit < workers or workers * cpus_per_worker + extra_cpus > total_cpu + 1e-9:
+        raise ValueError(f"{asked}, but the cluster can place at most {fit} such worker(s) ({have}); "
+                         f"use fewer workers or fewer CPUs per worker")
+
+
+def check_device(device: str, gpus_per_worker: float) -> None:
+    """``run.device`` on the Ray path: a worker computes on the GPU Ray gives it, or on the CPU."""
+    if device == "cuda" and gpus_per_worker <= 0:
+        raise ValueError("run.device: 'cuda' on Ray workers needs run.gpus_per_worker > 0 (a worker only sees "
+                         "the GPUs Ray assigns it)")
+    if device == "cpu" and gpus_per_worker > 0:
+        raise ValueError(f"run.device: 'cpu' with run.gpus_per_worker={gpus_per_worker:g} would hold GPUs and not "
+                         f"use them; set run.gpus_per_worker=0 or run.device=auto")
