@@ -351,3 +351,71 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
     assert steps == [64 * e for e in range(1, 9)], steps  # every epoch, none lost, none twice
     assert "linear_top1" in run.data.metrics
     _stop_mlflow(server)
+
+
+# ----------------------------------------------------------------------------------- disk full, train CLI
+
+_FULL_DISK = """
+import resource, signal, sys, torch
+from mocolab.train.checkpoint import save_rank_state
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))  # files beyond 64 KiB cannot be written
+try:
+    save_rank_state({"step": 2, "w": torch.ones(256, 1024)}, {"c": 1}, sys.argv[1], 0, 1)
+except Exception as err:  # torch's zip writer reports the short write as a RuntimeError
+    print("refused:", type(err).__name__)
+else:
+    print("written")
+"""
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path):
+    folder = tmp_path / "ckpt"
+    save_rank_state({"step": 1, "w": torch.zeros(4)}, {"c": 1}, folder, 0, 1)
+    res = subprocess.run([sys.executable, "-c", _FULL_DISK, str(folder)], capture_output=True, text=True, timeout=120)
+    assert "refused:" in res.stdout, res.stdout + res.stderr  # the real write hit the file-size limit
+    state, _ = load_rank_state(folder, 0, 1)
+    assert state["step"] == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.pt"], "the partial file was left behind"
+
+
+def test_mocolab_train_with_a_dead_ray_address_fails_before_any_run(tmp_path):
+    env = {**_env(), "RAY_ADDRESS": "127.0.0.1:9"}
+    res = subprocess.run([str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke",
+                          "--set", "run.num_workers=1", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                          "--set", f"run.output_dir={tmp_path / 'runs'}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "RAY_ADDRESS=127.0.0.1:9: the cluster does not answer" in res.stderr, res.stderr
+    assert _runs(f"sqlite:///{tmp_path / 'm.db'}", "mocolab") == []
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_sigterm_to_mocolab_train_closes_its_run_and_the_same_command_resumes(tmp_path):
+    cmd = [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke",
+           "--tracking-uri", "sqlite:///m.db", "--set", "run.name=term", "--set", "run.experiment=faults",
+           "--set", "run.output_dir=runs", "--set", "run.checkpoint_every=8", "--set", "data.subset=2048",
+           "--set", "eval.knn_bank=1024", "--set", "eval.knn_test=500", "--set", "eval.linear_steps=20"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("epoch   1"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        seen.append(proc.communicate(timeout=120)[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(seen)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
+    assert len(runs) == 1 and runs[0].info.status == "KILLED", out[-3000:]
+    assert runs[0].data.tags["mocolab.status"] == "interrupted"
+    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming at step" in again.stdout
+    runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
