@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +47,35 @@ def _free_port() -> int:
 def free_port():
     """A function returning a free TCP port on 127.0.0.1 (for servers a test starts)."""
     return _free_port
+
+
+def start_mlflow_server(folder: Path, port: int, timeout: float = 120.0) -> subprocess.Popen:
+    """A real ``mlflow server`` on 127.0.0.1 (sqlite store and artifacts under ``folder``), once /health answers.
+
+    Started in its own session so ``stop_mlflow_server`` ends it and its workers, and nothing else.
+    Starting it again on the same folder and port brings back the same store.
+    """
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    log = folder / "server.log"
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination", str(folder / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=open(log, "a"), start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited: {log.read_text()[-2000:]}")
+    stop_mlflow_server(proc)
+    pytest.fail(f"mlflow server did not answer /health within {timeout:.0f} s")
+
+
+def stop_mlflow_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers, started by the test only
+    proc.wait(timeout=30)

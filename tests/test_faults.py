@@ -17,6 +17,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from conftest import start_mlflow_server, stop_mlflow_server
 from mocolab.config import ConfigMismatchError, build_config
 from mocolab.data import fashion_mnist_dir
 from mocolab.lock import InUseError, NameLock
@@ -285,38 +286,11 @@ def test_a_sweep_resumed_with_other_settings_is_refused(tmp_path):
 
 # ----------------------------------------------------------------------------------- 6. MLflow outage
 
-def _start_mlflow(tmp_path: Path, port: int) -> subprocess.Popen:
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "a"), start_new_session=True)
-    import urllib.request
-
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-    proc.kill()
-    raise AssertionError("mlflow server did not answer /health within 120 s")
-
-
-def _stop_mlflow(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers, started by this test only
-    proc.wait(timeout=30)
-
-
 @pytest.mark.slow
 @needs_fmnist
 def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_returns(tmp_path, free_port):
     port = free_port()
-    server = _start_mlflow(tmp_path, port)
+    server = start_mlflow_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
     cmd = [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke", "--tracking-uri", uri,
            "--set", "data.subset=8192", "--set", "optim.epochs=8", "--set", "eval.knn_test=1000",
@@ -330,12 +304,12 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
             seen.append(line)
             if line.startswith("epoch   1"):
                 break
-        _stop_mlflow(server)  # the store goes away while training runs
+        stop_mlflow_server(server)  # the store goes away while training runs
         for line in train.stdout:
             seen.append(line)
             if line.startswith("epoch   3"):
                 break
-        server = _start_mlflow(tmp_path, port)  # ... and comes back before the end
+        server = start_mlflow_server(tmp_path, port)  # ... and comes back before the end
         rest, _ = train.communicate(timeout=600)
         seen.append(rest)
     finally:
@@ -350,7 +324,7 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
     assert steps == [64 * e for e in range(1, 9)], steps  # every epoch, none lost, none twice
     assert "linear_top1" in run.data.metrics
-    _stop_mlflow(server)
+    stop_mlflow_server(server)
 
 
 # ----------------------------------------------------------------------------------- disk full, train CLI
@@ -419,3 +393,19 @@ def test_sigterm_to_mocolab_train_closes_its_run_and_the_same_command_resumes(tm
     assert "resuming at step" in again.stdout
     runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_study_whose_trials_all_fail_says_so_exits_1_and_closes_its_parent(tmp_path):
+    res = subprocess.run(_study_cmd("--set=run.fault_step=3", "--set=run.max_failures=0", "--workers-per-trial", "1"),
+                         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "all 2 trials failed" in res.stderr, res.stderr[-3000:]
+    runs = _runs(f"sqlite:///{tmp_path / 'rel.db'}", "momentum-ablation")
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parent) == 1 and parent[0].info.status == "FAILED"
+    assert "all 2 trials failed" in parent[0].data.tags["mocolab.failure_reason"]
+    assert len(children) == 2 and all(r.info.status == "FAILED" for r in children)
+    assert all(r.data.tags.get("mocolab.failure_reason") for r in children)

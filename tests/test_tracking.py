@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import start_mlflow_server, stop_mlflow_server
 from mocolab.config import build_config
 from mocolab.data import fashion_mnist_dir
 from mocolab.tracking import check_tracking_uri, redact_uri, resolve_tracking_uri
@@ -21,29 +15,9 @@ from mocolab.train import fit
 @pytest.fixture
 def mlflow_server(tmp_path, free_port):
     port = free_port()
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not answer /health within 120 s")
-    yield url
-    os.killpg(proc.pid, 15)  # the server and its workers, started by this fixture only
-    proc.wait(timeout=30)
+    proc = start_mlflow_server(tmp_path, port)
+    yield f"http://127.0.0.1:{port}"
+    stop_mlflow_server(proc)
 
 
 @pytest.mark.slow
