@@ -73,6 +73,16 @@ def test_good_names_and_relative_paths(tmp_path):
     assert absolute_paths({"data.root": "/abs", "moco.m": 0.9}, tmp_path) == {"data.root": "/abs", "moco.m": 0.9}
 
 
+def test_config_diff_lists_changes_and_ignores_fields_newer_than_the_run():
+    from mocolab.config import config_diff
+
+    old = {"moco.m": 0.99, "queue.size": 512, "run.threads": 1}
+    new = {"moco.m": 0.9, "queue.size": 512, "run.threads": 2, "model.new_field": 3}
+    assert config_diff(old, new) == ["moco.m: 0.99 -> 0.9"]  # run.threads may change; new_field is newer
+    assert config_diff(old, new, new_field=lambda k: False) == ["moco.m: 0.99 -> 0.9",
+                                                                 "model.new_field: (absent) -> 3"]
+
+
 def test_unreadable_data_root(tmp_path):
     f = tmp_path / "not-a-dir"
     f.write_text("x")

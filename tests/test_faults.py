@@ -273,15 +273,18 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
 @pytest.mark.slow
 @needs_fmnist
 def test_a_sweep_resumed_with_other_settings_is_refused(tmp_path):
-    first = subprocess.run(_study_cmd("--stop-after", "1", "--momenta", "0.9"), cwd=tmp_path, env=_env(),
+    first = subprocess.run(_study_cmd("--stop-after", "1"), cwd=tmp_path, env=_env(),
                            capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    again = subprocess.run(_study_cmd("--momenta", "0.9", "--set=optim.lr=0.1"), cwd=tmp_path, env=_env(),
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]  # a budget, as asked: not an error
+    assert "1 of 2 trials done (--stop-after 1); the same command runs the other 1." in first.stdout
+    runs = _runs(f"sqlite:///{tmp_path / 'rel.db'}", "momentum-ablation")
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent[0].data.tags["mocolab.status"] == "partial"
+    again = subprocess.run(_study_cmd("--set=optim.lr=0.1"), cwd=tmp_path, env=_env(),
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 2, again.stdout[-3000:] + again.stderr[-3000:]
     assert "sweep 'sig'" in again.stderr and "sweep.set.optim.lr: (absent) -> 0.1" in again.stderr
-    runs = _runs(f"sqlite:///{tmp_path / 'rel.db'}", "momentum-ablation")
-    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    assert len(_runs(f"sqlite:///{tmp_path / 'rel.db'}", "momentum-ablation")) == len(runs)  # nothing new
 
 
 # ----------------------------------------------------------------------------------- 6. MLflow outage

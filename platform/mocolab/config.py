@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
@@ -419,20 +419,26 @@ def fingerprint(cfg: Config) -> str:
     return hashlib.sha1(json.dumps(identity(cfg.flatten()), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """``["moco.m: 0.99 -> 0.9", ...]`` over the identity fields of two flattened configs."""
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any],
+                new_field: Callable[[str], bool] = lambda _key: True) -> list[str]:
+    """``["moco.m: 0.99 -> 0.9", ...]`` over the identity fields of two flattened configs.
+
+    A key absent from ``old`` for which ``new_field(key)`` holds is a field that did not exist when the
+    run started (a newer mocolab), not a change, and is left out.
+    """
     a, b = identity(old), identity(new)
-    return [f"{k}: {a.get(k, '(absent)')} -> {b.get(k, '(absent)')}" for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)]
+    keys = sorted(k for k in set(a) | set(b) if k in a or not new_field(k))
+    return [f"{k}: {a.get(k, '(absent)')} -> {b.get(k, '(absent)')}" for k in keys if a.get(k) != b.get(k)]
 
 
 class ConfigMismatchError(ValueError):
     """A run or sweep name asked to resume with settings other than the ones it started with."""
 
 
-def check_same_config(what: str, old: Mapping[str, Any], new: Mapping[str, Any], fresh: str) -> None:
+def check_same_config(what: str, old: Mapping[str, Any], new: Mapping[str, Any], fresh: str,
+                      new_field: Callable[[str], bool] = lambda _key: True) -> None:
     """Refuse to resume ``what`` when its identity fields changed; the error lists them and how to start fresh."""
-    diff = config_diff(old, new)
+    diff = config_diff(old, new, new_field)
     if diff:
         raise ConfigMismatchError(f"{what} was started with other settings; resuming would mix them. Changed: "
                                   f"{'; '.join(diff)}. Resume with the original settings, or start fresh: {fresh}")

@@ -153,7 +153,8 @@ class SweepRun:
         if found:
             run_id = found[0].info.run_id
             check_same_config(f"sweep '{name}' (MLflow parent run {run_id})", found[0].data.params, params,
-                              "use another --name, or delete that parent run and its folder")
+                              "use another --name, or delete that parent run and its folder",
+                              new_field=lambda key: not key.startswith("sweep.set."))  # overrides always count
             store.client.update_run(run_id, status="RUNNING")
             return cls(store, exp_id, run_id, True)
         all_tags = {SWEEP_TAG: name, PARENT_TAG: name, "git_commit": git_commit(),

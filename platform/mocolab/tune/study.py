@@ -108,7 +108,13 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     rep = build_report(sweep.study, sweep_dir(sweep) / "report", parent_run=parent.run_id,
                        tracking_uri=sweep.tracking_uri)
     bad = trials[trials["status"].isin(["failed", "running", "interrupted"])]
-    if bad.empty:
+    expected = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
+    left = expected - int(trials["status"].isin(["finished", "diverged", "stopped_early"]).sum()) - len(bad)
+    if bad.empty and left > 0:  # --stop-after ended this invocation early, as asked
+        print(f"\n{expected - left} of {expected} trials done (--stop-after {sweep.stop_after}); the same "
+              f"command runs the other {left}.")
+        parent.set_status("partial", reason=f"{left} of {expected} trials to run; the same command continues")
+    elif bad.empty:
         parent.set_status("finished")
     else:
         what = (f"all {len(trials)} trials failed" if len(bad) == len(trials)

@@ -226,13 +226,18 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
         progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
                  f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
                  f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {redact_uri(parent.uri)}")
+        stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
         try:
-            tuner = _tuner(sweep, parent, conc, cpus, progress)
+            tuner = _tuner(sweep, parent, conc, cpus, stop, progress)
             grid = tuner.fit() if tuner is not None else None
         except BaseException as err:  # Ctrl-C, SIGTERM, an error: close every run, keep the sweep resumable
             _close_interrupted(parent, err)
             raise
-        leftovers = "stopped_early" if sweep.scheduler != "fifo" else "failed"
+        # Trials Tune ended without their own close: paused by --stop-after, stopped by the scheduler, or died.
+        if stop is not None and stop.stop_all():
+            leftovers = "stopped"
+        else:
+            leftovers = "stopped_early" if sweep.scheduler != "fifo" else "failed"
         for run_id in parent.close_running_children(leftovers, reason=_LEFTOVER_REASON[leftovers]):
             if leftovers == "stopped_early":
                 epochs = len(parent.store.metric_history(run_id, "loss"))
@@ -241,13 +246,15 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
 
 
 _LEFTOVER_REASON = {
+    "stopped": "paused by --stop-after; the same command resumes it from its checkpoint",
     "stopped_early": "stopped by the scheduler (ASHA) after too weak a start: a normal outcome of a search",
     "failed": "the trial's process ended without closing its run (see Tune's error for the trial)",
 }
 
 
 def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
-    """Stop the trials (a Ray this driver started ends with it), then mark every open run interrupted."""
+    """Stop the trials (a Ray this driver started ends with it), then close every open run: interrupted
+    (KILLED) after Ctrl-C/SIGTERM, failed (FAILED) after an error."""
     import ray
 
     reason = f"{type(err).__name__}: {err}".rstrip(": ")
@@ -255,12 +262,13 @@ def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
         ray.shutdown()  # the trials' actors end with this driver: nothing writes after we close
     except Exception:  # noqa: BLE001 - closing the runs matters more than a clean disconnect
         pass
-    parent.close_running_children("interrupted", reason=f"the sweep was interrupted ({reason})")
-    parent.set_status("interrupted", mlflow_status="KILLED",
-                      reason=f"{reason}; run the same command again to resume")
+    status, mlflow_status = ("interrupted", "KILLED") if isinstance(err, KeyboardInterrupt) else ("failed", "FAILED")
+    parent.close_running_children(status, mlflow_status=mlflow_status, reason=f"the sweep ended: {reason}")
+    parent.set_status(status, mlflow_status=mlflow_status, reason=f"{reason}; run the same command again to resume")
 
 
-def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, progress: Callable[[str], None]):
+def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None,
+           progress: Callable[[str], None]):
     """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials); None if all done."""
     from functools import partial
 
@@ -272,7 +280,6 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, progress: Cal
     trainable = tune.with_resources(
         tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
         resources)
-    stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
     tune_dir = sweep_dir(sweep) / "tune"
     if sweep.search != "grid":
         # Not every report carries the search metric (the last epoch's kNN comes with the final
