@@ -15,7 +15,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
 
 def test_python_dash_m_is_the_mocolab_command():
     console = str(Path(sys.executable).with_name("mocolab"))
-    for args in (["--version"], ["train", "--help"], ["report", "--help"]):
+    for args in (["--version"], ["train", "--help"]):
         by_module = _run(sys.executable, "-m", "mocolab", *args)
         by_script = _run(console, *args)
         assert by_module.returncode == by_script.returncode == 0, by_module.stderr + by_script.stderr

@@ -33,6 +33,7 @@ class Interrupted(KeyboardInterrupt):
 @contextmanager
 def closing_on_signals() -> Iterator[None]:
     """Within the block, the first SIGINT/SIGTERM raises ``Interrupted``; later ones wait for the cleanup."""
+    tune_handler = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     state = {"fired": False}
@@ -57,6 +58,10 @@ def closing_on_signals() -> Iterator[None]:
         _ACTIVE.remove(handler)
         for s, h in previous.items():
             signal.signal(s, h)
+        if tune_handler is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = tune_handler
 
 
 def reassert() -> None:
