@@ -28,6 +28,7 @@ SWEEP_TAG = "mocolab.sweep_name"  # on the parent and on every child
 PARENT_TAG = "mocolab.sweep_parent"  # on the parent only: how a resumed sweep finds it
 PARENT_ID_TAG = "mlflow.parentRunId"
 FAILURE_TAG = "mocolab.failure_reason"
+STOPPED_AT_TAG = "mocolab.stopped_at_epoch"  # a trial a scheduler stopped early: the epochs it completed
 # The final metrics a trials table carries (besides label, status, run id and params).
 TRIAL_METRICS = ("linear_top1", "knn_top1", "final_loss", "ema_half_life", "max_staleness_bound", "pretext_acc")
 
@@ -41,7 +42,7 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
         if run.info.status == "RUNNING":
             status = "running"
         row = {"label": tags.get("trial") or run.info.run_name, "status": status, "run_id": run.info.run_id,
-               "stopped_at_epoch": _num(tags.get("mocolab.stopped_at_epoch", "nan")),
+               "stopped_at_epoch": _num(tags.get(STOPPED_AT_TAG, "nan")),
                "failure_reason": tags.get(FAILURE_TAG, "")}
         row.update({f"params.{k}": _num(v) for k, v in params.items()})
         row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
@@ -192,6 +193,10 @@ class SweepRun:
 
     def set_status(self, status: str, *, mlflow_status: str = "FINISHED", reason: str | None = None) -> None:
         self.store.set_status(self.run_id, status, mlflow_status=mlflow_status, reason=reason)
+
+    def record_stopped_epoch(self, run_id: str) -> None:
+        """Tag a trial stopped early with the epochs it completed (one ``loss`` point per epoch)."""
+        self.store.client.set_tag(run_id, STOPPED_AT_TAG, str(len(self.store.metric_history(run_id, "loss"))))
 
     def log_summary(self, table: pd.DataFrame, trials: pd.DataFrame, figure: Path | None, text: str) -> None:
         """CSV and JSON tables, the printed summary and the plot, as artifacts of the parent run."""

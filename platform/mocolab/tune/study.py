@@ -13,7 +13,7 @@ from ..config import list_presets, parse_overrides
 from ..interrupts import closing_on_signals, exit_code
 from ..report import build_report
 from ..tracking import redact_uri
-from .sweep import Sweep, Trial, resolve_sweep, run_sweep, sweep_dir
+from .sweep import Sweep, Trial, ending, resolve_sweep, run_sweep, sweep_dir
 
 # What a study's report function returns: the printed summary, its plot (or None) and its table.
 StudyReport = tuple[str, Path | None, pd.DataFrame]
@@ -83,8 +83,8 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
         try:
             return _conclude(sweep, parent, report)
         except BaseException as err:  # the sweep ran; a failure while summarising must still close its parent
-            parent.set_status("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
-                              mlflow_status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
+            status, mlflow_status = ending(err)
+            parent.set_status(status, mlflow_status=mlflow_status,
                               reason=f"while summarising: {type(err).__name__}: {err}")
             if isinstance(err, KeyboardInterrupt):
                 return exit_code(err)

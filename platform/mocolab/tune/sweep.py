@@ -240,8 +240,7 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
             leftovers = "stopped_early" if sweep.scheduler != "fifo" else "failed"
         for run_id in parent.close_running_children(leftovers, reason=_LEFTOVER_REASON[leftovers]):
             if leftovers == "stopped_early":
-                epochs = len(parent.store.metric_history(run_id, "loss"))
-                parent.store.client.set_tag(run_id, "mocolab.stopped_at_epoch", str(epochs))
+                parent.record_stopped_epoch(run_id)
     return parent, grid
 
 
@@ -250,6 +249,11 @@ _LEFTOVER_REASON = {
     "stopped_early": "stopped by the scheduler (ASHA) after too weak a start: a normal outcome of a search",
     "failed": "the trial's process ended without closing its run (see Tune's error for the trial)",
 }
+
+
+def ending(err: BaseException) -> tuple[str, str]:
+    """(mocolab status, MLflow status) of runs an exception ends: the user's Ctrl-C/SIGTERM, or a failure."""
+    return ("interrupted", "KILLED") if isinstance(err, KeyboardInterrupt) else ("failed", "FAILED")
 
 
 def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
@@ -262,7 +266,7 @@ def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
         ray.shutdown()  # the trials' actors end with this driver: nothing writes after we close
     except Exception:  # noqa: BLE001 - closing the runs matters more than a clean disconnect
         pass
-    status, mlflow_status = ("interrupted", "KILLED") if isinstance(err, KeyboardInterrupt) else ("failed", "FAILED")
+    status, mlflow_status = ending(err)
     parent.close_running_children(status, mlflow_status=mlflow_status, reason=f"the sweep ended: {reason}")
     parent.set_status(status, mlflow_status=mlflow_status, reason=f"{reason}; run the same command again to resume")
 
