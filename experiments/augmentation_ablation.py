@@ -9,6 +9,8 @@ pretext (instance-discrimination) accuracy runs near 100 % while kNN suffers.
 
 import sys
 
+import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
+
 from mocolab.analysis import bar_plot, fmt_mean_std, summarise
 from mocolab.augment import PRESETS
 from mocolab.tune import Trial

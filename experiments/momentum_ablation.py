@@ -6,6 +6,8 @@
 
 import sys
 
+import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
+
 from mocolab.analysis import PAPER_MOMENTUM, fmt_mean_std, momentum_plot, summarise, welch_t
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser

@@ -6,6 +6,8 @@
 
 import sys
 
+import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
+
 from mocolab.analysis import fmt_mean_std, line_plot, summarise
 from mocolab.config import build_config, parse_overrides
 from mocolab.tune import Trial

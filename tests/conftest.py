@@ -32,7 +32,7 @@ def ray_session():
     os.environ.pop("RAY_ADDRESS", None)
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -79,3 +79,62 @@ def stop_mlflow_server(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers, started by the test only
     proc.wait(timeout=30)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``default_ports`` run first: they start a Ray on its default ports (as README does),
+    which must not meet the session's Ray or any other Ray a test started."""
+    items.sort(key=lambda item: item.get_closest_marker("default_ports") is None)
+
+
+def kill_processes_with_env(key: str, value: str, timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL, every process whose environment holds ``key=value``; returns how many.
+
+    How a test stops a daemonised ``ray start`` it made (its own RAY_TMPDIR) without ``ray stop``,
+    which would stop every Ray on the machine.
+    """
+    needle = f"{key}={value}".encode()
+
+    def matching() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if needle in (entry / "environ").read_bytes().split(b"\0"):
+                        pids.append(int(entry.name))
+                except OSError:
+                    pass
+        return pids
+
+    found = matching()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in matching():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + timeout
+        while matching() and time.time() < deadline:
+            time.sleep(0.5)
+    return len(found)
+
+
+def python_without_mocolab(folder: Path) -> Path:
+    """A Python like this one (same interpreter, same packages) that cannot import mocolab.
+
+    A venv whose only site folder lists this environment's site-packages: the packages are
+    importable, but that folder's ``.pth`` files (mocolab's editable install is one) are not run.
+    Stands for a cluster node whose image has the dependencies and no mocolab.
+    """
+    import site
+
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    own = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    Path(own, "node_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    probe = subprocess.run([str(python), "-c", "import ray, torch\ntry:\n import mocolab\nexcept ImportError:\n"
+                            " print('no mocolab')"], capture_output=True, text=True, cwd=folder,
+                           env={"PATH": "/usr/bin:/bin", "HOME": str(folder)})
+    assert probe.stdout.strip() == "no mocolab", probe
+    return python

@@ -1,95 +1,203 @@
-"""The real cluster path: `ray start --head` on 127.0.0.1, `ray job submit` of a study, MLflow checked after.
+"""The real cluster path: `ray start --head` with token authentication on, `ray job submit` of a study,
+MLflow checked after.
 
-The cluster is this test's own (own temp dir and ports) and is stopped through
-the process handle that started it, never by `ray stop` (which would stop
-every Ray on the machine).
+Two clusters: README's block run as written (default ports, a fresh home folder, sorted first in the
+session so no other Ray holds those ports), and one of this test's own ports whose head and worker
+node run a Python that cannot import mocolab. Each is stopped through what the test started (process
+handles, or the processes carrying its own RAY_TMPDIR), never by `ray stop`, which would stop every
+Ray on the machine.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import kill_processes_with_env, python_without_mocolab
 from mocolab.data import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+README_MARK = "<!-- cluster-quickstart: run as written by tests/test_cluster.py -->"
+needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
 
-@pytest.fixture
-def local_cluster(free_port):
-    temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    gcs, dash, client = free_port(), free_port(), free_port()
-    # every port of its own: another Ray on this machine (the suite's session Ray) holds the defaults
-    own_ports = []
-    for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
-                 "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port"):
-        own_ports += [flag, str(free_port())]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--ray-client-server-port", str(client),
-         "--num-cpus", "2", "--temp-dir", temp, "--include-dashboard", "true", *own_ports],
-        stdout=subprocess.DEVNULL, stderr=open(Path(temp) / "start.log", "w"), env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{dash}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/api/version", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                log = (Path(temp) / "start.log").read_text()[-3000:]
-                os.killpg(proc.pid, signal.SIGTERM) if proc.poll() is None else None
-                pytest.fail(f"ray start --head did not come up: {log}")
-            time.sleep(1)
-    yield url, env
-    os.killpg(proc.pid, signal.SIGTERM)  # our cluster only: `ray start --block` stops its node on SIGTERM
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    shutil.rmtree(temp, ignore_errors=True)
+def readme_cluster_block() -> str:
+    """The bash block that follows README's cluster-quickstart mark, as a user would copy it."""
+    text = (REPO / "README.md").read_text()
+    assert README_MARK in text, "README lost its cluster-quickstart block"
+    m = re.search(r"```bash\n(.*?)```", text[text.index(README_MARK):], re.S)
+    return m.group(1)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
-def test_ray_job_submit_runs_a_study_on_a_real_cluster(tmp_path, local_cluster):
-    url, env = local_cluster
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [str(BIN / "ray"), "job", "submit", "--address", url, "--working-dir", str(REPO), "--",
-           "python", "experiments/momentum_ablation.py", "--preset", "smoke", "--momenta", "0.9,0.99",
-           "--set", "data.subset=1024", "--set", "eval.knn_bank=1024", "--set", "eval.knn_test=500",
-           "--set", "eval.linear_train=1024", "--set", "eval.linear_steps=20", "--set", "optim.max_steps=10",
-           "--set", "queue.size=512", "--tracking-uri", uri, "--storage", str(tmp_path / "sweeps"),
-           "--name", "cluster-smoke"]
-    for _ in range(12):  # the job agent can come up a little after the dashboard answers
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-        out = res.stdout + res.stderr
-        if "No available agent to submit job" not in out:
-            break
-        time.sleep(5)
-    assert res.returncode == 0 and "succeeded" in out, out[-4000:]
-    assert "Open the UI: mlflow ui" in out
+def repo_copy(dest: Path) -> Path:
+    """The tracked files of this checkout (what a fresh clone has), with the set-up .venv beside them."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    (dest / ".venv").symlink_to(Path(sys.prefix))
+    return dest
+
+
+def check_study_in_mlflow(uri: str, labels: list[str]) -> None:
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("momentum-ablation")
+    assert exp is not None, f"no experiment 'momentum-ablation' in {uri}"
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert sorted(r.data.tags["trial"] for r in children) == ["m=0.9 seed=0", "m=0.99 seed=0"]
+    assert sorted(r.data.tags["trial"] for r in children) == sorted(labels)
     assert all(r.info.status == "FINISHED" and "linear_top1" in r.data.metrics for r in children)
     assert all(r.data.tags.get("ray_job_id") for r in children)
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"summary.csv", "summary.json", "momentum.png"} <= artifacts
+
+
+@pytest.mark.slow
+@pytest.mark.default_ports
+@needs_data
+def test_readme_cluster_block_runs_as_written(tmp_path):
+    taken = []
+    for port in (6379, 8265, 52365):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                taken.append(port)
+    assert not taken, (f"ports {taken} are in use: another Ray runs on this machine, and README's block "
+                       f"starts Ray on its default ports; stop it and run again")
+    work = repo_copy(tmp_path / "mocolab")
+    home = tmp_path / "home"  # a fresh machine: no ~/.ray/auth_token yet
+    home.mkdir()
+    ray_tmp = tempfile.mkdtemp(prefix="rr", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+           "MOCOLAB_DATA": str(fashion_mnist_dir()), "RAY_TMPDIR": ray_tmp}  # RAY_TMPDIR: to find our processes
+    block = readme_cluster_block()
+    try:
+        res = subprocess.run(["bash", "-e", "-c", block], cwd=work, env=env, capture_output=True, text=True,
+                             timeout=1200)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-6000:]
+    finally:
+        kill_processes_with_env("RAY_TMPDIR", ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert (home / ".ray" / "auth_token").is_file()
+    assert "succeeded" in out and "Open the UI: mlflow ui" in out, out[-4000:]
+    assert "Ray cluster: 1 node(s) checked" in out, out[-4000:]
+    check_study_in_mlflow(f"sqlite:///{work / 'mlflow.db'}", ["m=0.9 seed=0", "m=0.99 seed=0"])
+
+
+def _start(cmd: list[str], env: dict, log: Path, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env, cwd=cwd,
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # our node only: `ray start --block` stops it on SIGTERM
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def cluster_without_mocolab(free_port, tmp_path):
+    """A head (no CPUs for work) and a worker node (2 CPUs), both on a Python that cannot import
+    mocolab, token authentication on, ports of their own; yields (dashboard URL, client env)."""
+    python = python_without_mocolab(tmp_path / "node-env")
+    temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+    home = Path(temp) / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "PATH": f"{BIN}:/usr/bin:/bin", "LANG": "C.UTF-8", "RAY_AUTH_MODE": "token",
+           "MOCOLAB_DATA": str(fashion_mnist_dir())}
+    subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
+    node_env = {**env, "PATH": f"{python.parent}:/usr/bin:/bin"}  # the nodes' python, not this one
+    gcs, dash, client = free_port(), free_port(), free_port()
+
+    def own_ports() -> list[str]:  # the session's Ray holds the defaults
+        out = []
+        for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+                     "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port"):
+            out += [flag, str(free_port())]
+        return out
+
+    ray_cli = [str(python), "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address", "127.0.0.1"]
+    head = _start(ray_cli + ["--head", "--port", str(gcs), "--dashboard-host", "127.0.0.1", "--dashboard-port",
+                             str(dash), "--ray-client-server-port", str(client), "--num-cpus", "0",
+                             "--temp-dir", temp, "--include-dashboard", "true", *own_ports()],
+                  node_env, Path(temp) / "head.log", cwd=home)
+    procs, temps = [head], [temp]
+    try:
+        url = f"http://127.0.0.1:{dash}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/api/version", timeout=2):
+                    break
+            except urllib.error.HTTPError:  # token authentication on: an answer (401) says it is up
+                break
+            except OSError:
+                if head.poll() is not None or time.time() > deadline:
+                    pytest.fail(f"ray start --head did not come up: {(Path(temp) / 'head.log').read_text()[-3000:]}")
+                time.sleep(1)
+        # its own temp folder, as on its own machine: two nodes sharing one would fetch and delete
+        # each other's copies of the job's working_dir
+        worker_temp = tempfile.mkdtemp(prefix="rw", dir="/tmp")
+        temps.append(worker_temp)
+        worker = _start(ray_cli + ["--address", f"127.0.0.1:{gcs}", "--num-cpus", "2", "--temp-dir", worker_temp,
+                                   *own_ports()],
+                        node_env, Path(temp) / "worker.log", cwd=home)
+        procs.append(worker)
+        yield url, env
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        for folder in temps:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _submit(cmd: list[str], env: dict, cwd: Path) -> tuple[int, str]:
+    for _ in range(24):  # the job agent (and the worker node) can come up a little after the dashboard answers
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=cwd)
+        out = res.stdout + res.stderr
+        if "No available agent to submit job" not in out:
+            return res.returncode, out
+        time.sleep(5)
+    return res.returncode, out
+
+
+@pytest.mark.slow
+@needs_data
+def test_working_dir_job_runs_on_nodes_that_have_no_mocolab(tmp_path, cluster_without_mocolab):
+    url, env = cluster_without_mocolab
+    submit = [str(BIN / "ray"), "job", "submit", "--address", url, "--working-dir", ".", "--",
+              "python", "experiments/momentum_ablation.py", "--preset", "smoke", "--momenta", "0.9,0.99",
+              "--set", "data.subset=1024", "--set", "eval.knn_bank=1024", "--set", "eval.knn_test=500",
+              "--set", "eval.linear_train=1024", "--set", "eval.linear_steps=20", "--set", "optim.max_steps=10",
+              "--set", "queue.size=512", "--name", "cluster-smoke"]
+    # Relative (default) store and storage would land in the job's temporary copy: refused, nothing written.
+    rc, out = _submit(submit, env, REPO)
+    assert rc != 0 and "is inside this job's --working-dir copy" in out, out[-4000:]
+    assert "--tracking-uri" in out or "--storage" in out
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rc, out = _submit(submit + ["--tracking-uri", uri, "--storage", str(tmp_path / "sweeps")], env, REPO)
+    assert rc == 0 and "succeeded" in out, out[-6000:]
+    assert "Ray cluster: 2 node(s) checked" in out and "working_dir_files" in out, out[-4000:]
+    check_study_in_mlflow(uri, ["m=0.9 seed=0", "m=0.99 seed=0"])

@@ -56,6 +56,20 @@ def absolute_uri(uri: str, cwd: str | os.PathLike[str] | None = None) -> str:
     return absolute(uri)  # a bare path is MLflow's file store
 
 
+def local_store_path(uri: str) -> str | None:
+    """The local file or folder an (absolute) store URI writes to, or None for a server or database."""
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):].partition("?")[0]
+        return path if path and path != ":memory:" else None
+    if uri.startswith("file:"):
+        rest = uri[len("file:"):]
+        return rest[2:] if rest.startswith("///") else (None if rest.startswith("//") else rest)
+    if uri.startswith("databricks") or (re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri)
+                                        and not re.match(r"^[A-Za-z]:[\\/]", uri)):
+        return None
+    return uri
+
+
 def resolve_tracking_uri(explicit: str | None = None) -> str:
     """``explicit``, else $MLFLOW_TRACKING_URI, else ``sqlite:///<cwd>/mlflow.db``; local paths made absolute."""
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI")

@@ -19,9 +19,10 @@ from typing import Callable
 from ..interrupts import reassert
 from ..config import Config, check_same_config, fingerprint, validate, with_absolute_paths
 from ..lock import NameLock
-from ..tracking import RunTracker, check_tracking_uri, redact_text, redact_uri, resolve_tracking_uri
+from ..tracking import RunTracker, check_tracking_uri, local_store_path, redact_text, redact_uri, resolve_tracking_uri
 from .checkpoint import LOCAL_CHECKPOINT
 from .resources import check_device, check_placement
+from .shipping import check_job_paths, check_nodes, code_runtime_env
 
 CONFIG_RECORD = "config.json"  # beside a run's checkpoints: what the run was started with
 
@@ -60,9 +61,13 @@ def check_cluster() -> None:
                          f"(`ray start --head`) or unset RAY_ADDRESS to run on a local Ray") from None
 
 
-def ensure_ray(num_cpus: int | None = None) -> None:
+def ensure_ray(num_cpus: int | None = None, say: Callable[[str], None] = print) -> None:
     """Join $RAY_ADDRESS when set (after checking it answers), else start a local Ray (no dashboard:
-    nothing listens for strangers)."""
+    nothing listens for strangers).
+
+    Joining a cluster ships this mocolab to every trial (``py_modules``) and checks every node
+    has the pinned dependencies, before any work: nodes need no mocolab of their own.
+    """
     import ray
 
     if ray.is_initialized():
@@ -70,9 +75,15 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         check_cluster()
-        ray.init(address=address)
+        runtime_env, override = code_runtime_env()
+        if override:  # the job ships py_modules of its own: ours is their list plus mocolab
+            os.environ["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"
+        ray.init(address=address, runtime_env=runtime_env)
+        reassert()
+        check_nodes(say=say)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
+        # "local": never attach to a `ray start` cluster (or a stale record of one) on this machine
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
     reassert()  # Ray installs its own SIGTERM handler; Ctrl-C/SIGTERM must still close our runs
 
 
@@ -86,6 +97,8 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     """
     cfg = with_absolute_paths(validate(cfg))  # workers run in other folders
     uri = resolve_tracking_uri(tracking_uri)
+    check_job_paths({"run.output_dir": cfg.run.output_dir,
+                     "tracking URI": local_store_path(uri) if log_to_mlflow else None})
     if log_to_mlflow:
         check_tracking_uri(uri)
     name = cfg.run_name

@@ -22,7 +22,8 @@ from ray.tune import Stopper
 
 from ..config import absolute_paths, build_config, check_name
 from ..lock import NameLock
-from ..tracking import SWEEP_TAG, Store, SweepRun, check_tracking_uri, redact_uri, resolve_tracking_uri
+from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
+                        resolve_tracking_uri)
 from .search import build_scheduler, build_searcher, check_search, tune_space
 
 
@@ -208,6 +209,9 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
     sweep = resolve_sweep(sweep)
     validate_sweep(sweep)
     from ..train.launch import ensure_ray
+    from ..train.shipping import check_job_paths
+
+    check_job_paths({"--storage": sweep.storage, "--tracking-uri": local_store_path(sweep.tracking_uri)})
     from ..train.resources import check_device, check_placement, node_capacities
 
     ensure_ray()
