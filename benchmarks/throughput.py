@@ -19,7 +19,6 @@ import torch
 
 from mocolab.config import build_config
 from mocolab.loop import Trainer
-from mocolab import data as datasets
 
 
 def main() -> None:
@@ -40,8 +39,8 @@ def main() -> None:
     print(f"preset {args.preset}: {cfg.model.backbone} width {cfg.model.width}, batch {b}, K {cfg.queue.size}, "
           f"augment {cfg.augment.preset}")
 
-    batches = datasets.iterate_batches(tr.train_set, b, torch.Generator().manual_seed(0))
-    images = [next(batches)[0] for _ in range(args.warmup + args.steps)]
+    batches = tr.data.epoch(torch.Generator().manual_seed(0), b, rank=0, world_size=1, start_step=0)
+    images = [next(batches) for _ in range(args.warmup + args.steps)]
 
     for x in images[:args.warmup]:
         tr.augment(x)

@@ -29,6 +29,7 @@ from .hardware import DEVICES, PRECISIONS
 from .models import BACKBONES, HEADS
 from .queue import POLICIES as QUEUE_POLICIES
 from .schedule import LR_SCHEDULES
+from .sources import LOADERS, STREAMABLE
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -36,7 +37,7 @@ PRESET_DIR = Path(__file__).with_name("presets")
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.name": DATASETS, "augment.preset": AUGMENT_PRESETS, "model.backbone": BACKBONES, "model.head": HEADS,
     "moco.bn": BN_MODES, "queue.policy": QUEUE_POLICIES, "queue.layout": QUEUE_LAYOUTS,
-    "optim.schedule": LR_SCHEDULES, "run.device": DEVICES, "run.precision": PRECISIONS,
+    "optim.schedule": LR_SCHEDULES, "run.device": DEVICES, "run.precision": PRECISIONS, "data.loader": LOADERS,
 }
 
 
@@ -47,6 +48,9 @@ class DataConfig:
     subset: int | None = None  # train on the first N training images (smoke tests)
     image_size: int | None = None  # resize (imagefolder, synthetic); None keeps the native size
     synthetic_size: int = 2048
+    loader: str = "auto"  # memory | stream | auto: memory when the decoded set fits memory_budget_mb (sources.py)
+    memory_budget_mb: int = 4096  # per worker, for data.loader=auto
+    stream_tasks: int = 2  # streaming: decode tasks in flight per worker (Ray Data map tasks)
 
 
 @dataclass
@@ -152,8 +156,8 @@ class Config:
         d = self.data
         if d.name == "synthetic":
             n: int | None = d.synthetic_size
-        elif d.name == "imagefolder":
-            n = count_images(d.root, "train")
+        elif d.name in STREAMABLE:
+            n = count_images(d.root, "train", d.name)
         else:
             n = TRAIN_SIZES.get(d.name)
         if n is not None and d.subset is not None:
@@ -361,6 +365,11 @@ def validate(cfg: Config) -> Config:
         if val is not None:
             _range(f"data.{key}", val, 1)
     _range("data.synthetic_size", d.synthetic_size, 2)
+    _range("data.memory_budget_mb", d.memory_budget_mb, 1)
+    _range("data.stream_tasks", d.stream_tasks, 1, 64)
+    if d.loader == "stream" and d.name not in STREAMABLE:
+        raise ValueError(f"data.loader: 'stream' reads {' or '.join(STREAMABLE)} sets, not {d.name!r} "
+                         f"(which is decoded into memory): use data.loader=memory or auto")
     for key in ("knn_bank", "knn_test", "linear_train"):
         val = getattr(e, key)
         if val is not None:
@@ -406,7 +415,8 @@ def validate(cfg: Config) -> Config:
 # Fields that may change between attempts of one run without changing what it computes: a resume
 # ignores them.  Every other field is part of the run's identity (``fingerprint``).
 RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.output_dir",
-                    "run.keep_checkpoints", "run.checkpoint_every", "run.fault_step", "run.preset", "run.name")
+                    "run.keep_checkpoints", "run.checkpoint_every", "run.fault_step", "run.preset", "run.name",
+                    "data.loader", "data.memory_budget_mb", "data.stream_tasks")  # how, not what, is read
 
 
 def identity(flat: Mapping[str, Any]) -> dict[str, str]:
@@ -480,6 +490,8 @@ def with_absolute_paths(cfg: Config, cwd: str | os.PathLike[str] | None = None) 
 def _check_data_path(d: DataConfig) -> None:
     if d.name == "imagefolder" and not d.root:
         raise ValueError("data.root: imagefolder needs a folder path (root/train/<class>/*.jpg)")
+    if d.name == "parquet" and not d.root:
+        raise ValueError("data.root: parquet needs a folder path (root/train/*.parquet, root/val/*.parquet)")
     root = d.root
     if root is None:
         env = os.environ.get("MOCOLAB_DATA")
@@ -487,13 +499,15 @@ def _check_data_path(d: DataConfig) -> None:
             raise ValueError(f"data.root: $MOCOLAB_DATA={env!r} is not a readable folder")
         return
     p = Path(root).expanduser()
-    if d.name == "imagefolder" and not p.exists():
+    if d.name in STREAMABLE and not p.exists():
         raise ValueError(f"data.root: {root!r} does not exist")
     if p.exists() and not (p.is_dir() and os.access(p, os.R_OK | os.X_OK)):
         raise ValueError(f"data.root: {root!r} is not a readable folder")
-    if d.name == "imagefolder":
+    if d.name in STREAMABLE:
         missing = [name for name, options in (("train/", ("train",)), ("test/ or val/", ("test", "val")))
                    if not any((p / o).is_dir() for o in options)]
         if missing:
-            raise ValueError(f"data.root: imagefolder {root!r} has no {' and no '.join(missing)} folder "
-                             f"(expected root/train/<class>/*.jpg and root/val/<class>/*.jpg)")
+            layout = ("root/train/<class>/*.jpg and root/val/<class>/*.jpg" if d.name == "imagefolder"
+                      else "root/train/*.parquet and root/val/*.parquet")
+            raise ValueError(f"data.root: {d.name} {root!r} has no {' and no '.join(missing)} folder "
+                             f"(expected {layout})")

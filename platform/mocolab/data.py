@@ -41,7 +41,7 @@ __all__ = [
     "skipped_message",
 ]
 
-DATASETS: tuple[str, ...] = ("fashion-mnist", "cifar10", "stl10", "imagefolder", "synthetic")
+DATASETS: tuple[str, ...] = ("fashion-mnist", "cifar10", "stl10", "imagefolder", "parquet", "synthetic")
 # Training-set sizes of the named datasets, so that config validation checks K < N without loading data.
 TRAIN_SIZES: dict[str, int] = {"fashion-mnist": 60_000, "cifar10": 50_000, "stl10": 5_000}
 SPLITS: tuple[str, ...] = ("train", "test")
@@ -403,13 +403,21 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
-def count_images(root: str | os.PathLike[str] | None, split: str = "train") -> int | None:
-    """Images under root/<split>/<class>/ by a directory walk (no decoding); None where there is no such folder."""
+def count_images(root: str | os.PathLike[str] | None, split: str = "train", name: str = "imagefolder") -> int | None:
+    """Images under root/<split>/<class>/ by a directory walk, or the rows of root/<split>/*.parquet from
+    their footers (no decoding); None where there is no such folder."""
     if not root:
         return None
     folder = Path(root).expanduser() / split
     if not folder.is_dir():
         return None
+    if name == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(folder.glob("*.parquet")))
+        except (OSError, ValueError):
+            return None
     try:
         return sum(len(_image_files(folder / cls)) for cls in _class_dirs(folder))
     except (OSError, ValueError):
@@ -484,6 +492,19 @@ def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDat
         name="imagefolder",
         skipped=tuple(skipped),
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _load_parquet_cached(root: str, split: str, image_size: int) -> ImageDataset:
+    """A parquet set decoded whole (data.loader=memory): the decoder the streaming loader uses."""
+    from .image_index import build_index, decode
+
+    index = build_index("parquet", root, split, image_size)
+    images, skipped = decode(index.refs, image_size)
+    if skipped:
+        warnings.warn(f"data.root: parquet {root!r} ({split}): {skipped_message(skipped)}", stacklevel=2)
+    return ImageDataset(images=images, labels=torch.from_numpy(index.labels), classes=index.classes,
+                        name="parquet", skipped=tuple(skipped))
 
 
 def skipped_message(skipped: list[str] | tuple[str, ...], show: int = 3) -> str:
@@ -599,6 +620,12 @@ def load_dataset(
         resolved = str(Path(root).expanduser().resolve())
         return _load_imagefolder_cached(resolved, split, image_size or DEFAULT_IMAGEFOLDER_SIZE)
 
+    if name == "parquet":
+        check_readable(name, None if root is None else str(root))
+        assert root is not None
+        return _load_parquet_cached(str(Path(root).expanduser().resolve()), split,
+                                    image_size or DEFAULT_IMAGEFOLDER_SIZE)
+
     if root is not None:
         check_readable(name, str(root))
 
@@ -624,10 +651,10 @@ def check_readable(name: str, root: str | os.PathLike[str] | None) -> None:
     is a file or unreadable is not.
     """
     _check_name(name)
-    if name == "imagefolder":
+    if name in ("imagefolder", "parquet"):
         if root is None:
-            raise ValueError("data.root: required for data.name='imagefolder' (an ImageNet-style folder)")
-        _require_dir(Path(root).expanduser(), "imagefolder root")
+            raise ValueError(f"data.root: required for data.name={name!r} (a folder with train/ and val/)")
+        _require_dir(Path(root).expanduser(), f"{name} root")
         return
     if root is None:
         return

@@ -75,14 +75,19 @@ def _reduce_scatter_sum(x: torch.Tensor) -> torch.Tensor:
 
 def any_rank(flag: bool) -> bool:
     """True on every rank if ``flag`` is True on any: decisions that must be taken together (divergence)."""
+    return max_over_ranks(1.0 if flag else 0.0) > 0
+
+
+def max_over_ranks(value: float) -> float:
+    """The largest ``value`` of all ranks, on every rank (a collective: every rank must call it)."""
     _, world = rank_and_world()
     if world == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0])
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+    return float(t.item())
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from . import data as datasets
@@ -25,6 +26,7 @@ from .hardware import resolve_device, resolve_precision
 from .models import build_encoder
 from .moco import MoCo
 from .schedule import lr_at
+from .sources import STREAMABLE, MemorySource, TrainSource, eval_order
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
 # a uniform guess, so 10× that is far outside anything training produces.
@@ -90,9 +92,12 @@ class TrainResult:
 
 
 def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
+    """``data.subset``: the first n of a set stored shuffled; a fixed random n (in stored order) of one
+    stored in class order (imagefolder, parquet), as the streaming loader takes."""
     if n is None or n >= len(ds):
         return ds
-    return datasets.ImageDataset(ds.images[:n], ds.labels[:n], ds.classes, ds.name, ds.skipped)
+    idx = torch.from_numpy(np.sort(eval_order(len(ds), n))) if ds.name in STREAMABLE else slice(0, n)
+    return datasets.ImageDataset(ds.images[idx], ds.labels[idx], ds.classes, ds.name, ds.skipped)
 
 
 def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset]:
@@ -116,20 +121,23 @@ class Trainer:
     """One MoCo run on one rank.  ``rank``/``world_size`` shard the data; the rest is per process."""
 
     def __init__(self, cfg: Config, *, train: datasets.ImageDataset | None = None,
-                 test: datasets.ImageDataset | None = None, device: torch.device | None = None) -> None:
+                 test: datasets.ImageDataset | None = None, device: torch.device | None = None,
+                 source: TrainSource | None = None) -> None:
         self.cfg = cfg
         # rank and world come from torch.distributed (Ray Train sets it up); one process is (0, 1)
         self.rank, self.world_size = mdist.rank_and_world()
         rank, world_size = self.rank, self.world_size
         self.device = device or resolve_device(cfg.run.device)
-        if train is None or test is None:
-            train, test = load_data(cfg)
-        self.train_set, self.test_set = train, test
-        channels, size = train.images.shape[1], train.images.shape[-1]
+        if source is None:  # the streaming source needs Ray Data: train/worker.py builds it and passes it in
+            if train is None or test is None:
+                train, test = load_data(cfg)
+            source = MemorySource(train, test)
+        self.data = source
+        channels, size = source.channels, source.image_size
         self.batch = cfg.optim.batch_size // world_size
-        if len(train) < cfg.optim.batch_size:
+        if source.size < cfg.optim.batch_size:
             raise ValueError(f"optim.batch_size: {cfg.optim.batch_size} is larger than the training set "
-                             f"({len(train)} images)")
+                             f"({source.size} images)")
         seed = cfg.run.seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(rng.stream_seed("init", seed))  # the same initial weights on every rank
@@ -157,7 +165,7 @@ class Trainer:
         # The augment stream is torch's global generator (kornia draws from it): the trainer keeps
         # its state and swaps it in while it trains (see rng.py).
         self.rng_state = rng.global_state("augment", seed, rank=rank)
-        self.steps_per_epoch = datasets.batches_per_epoch(len(train), self.batch, world_size)
+        self.steps_per_epoch = datasets.batches_per_epoch(source.size, self.batch, world_size)
         planned = o.epochs * self.steps_per_epoch
         self.total_steps = min(planned, o.max_steps) if o.max_steps else planned
         # log(1 + K) is the loss of a uniform guess; a loss DIVERGENCE_FACTOR times that (or NaN) has diverged
@@ -261,11 +269,9 @@ class Trainer:
         done_in_epoch = self.step - self.epoch * self.steps_per_epoch  # > 0 after a mid-epoch restart
         report_every = max(1, self.steps_per_epoch // 4)
         t0 = time.perf_counter() - st.seconds
-        batches = datasets.iterate_batches(self.train_set, self.batch, self.epoch_order(self.epoch),
-                                           rank=self.rank, world_size=self.world_size)
-        for i, (images, _, _) in enumerate(batches):
-            if i < done_in_epoch:
-                continue
+        batches = self.data.epoch(self.epoch_order(self.epoch), self.batch, self.rank, self.world_size,
+                                  start_step=done_in_epoch)
+        for i, images in enumerate(batches, start=done_in_epoch):
             if self.step >= self.total_steps:
                 break
             res = self.train_step(images)
@@ -286,29 +292,39 @@ class Trainer:
     def features(self, images: torch.Tensor) -> torch.Tensor:
         return extract_features(self.encoder.backbone, images, self.device)
 
+    def split_features(self, split: str, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of a split's evaluation images, batch by batch: only features are kept."""
+        feats, labels = [], []
+        for images, lab in self.data.eval_split(split, n):
+            feats.append(self.features(images))
+            labels.append(lab)
+        return torch.cat(feats), torch.cat(labels)
+
     def knn(self) -> float:
         e = self.cfg.eval
-        bank = _subset(self.train_set, e.knn_bank)
-        test = _subset(self.test_set, e.knn_test)
-        return knn_accuracy(self.features(bank.images), bank.labels, self.features(test.images), test.labels,
-                            bank.classes, e.knn_k, e.knn_t)
+        f_bank, l_bank = self.split_features("train", e.knn_bank)
+        f_test, l_test = self.split_features("test", e.knn_test)
+        return knn_accuracy(f_bank, l_bank, f_test, l_test, self.data.classes, e.knn_k, e.knn_t)
 
-    def final_eval(self) -> tuple[float, float]:
+    def final_eval(self, progress: Callable[[str], None] | None = None) -> tuple[float, float]:
         """(kNN top-1, linear top-1) at the end, from one extraction of the features both read.
 
-        The kNN bank and the probe's training images are both prefixes of the
-        training set, so the numbers equal ``knn()`` and a separate probe.
+        The kNN bank and the probe's training images are both prefixes of one
+        list of training images, so the numbers equal ``knn()`` and a separate probe.
         """
         e = self.cfg.eval
-        n_bank = len(_subset(self.train_set, e.knn_bank))
-        n_lin = len(_subset(self.train_set, e.linear_train))
-        train = _subset(self.train_set, max(n_bank, n_lin))
-        test = self.test_set
-        n_test = len(_subset(test, e.knn_test))
-        f_train, f_test = self.features(train.images), self.features(test.images)
-        knn = knn_accuracy(f_train[:n_bank], train.labels[:n_bank], f_test[:n_test], test.labels[:n_test],
-                           train.classes, e.knn_k, e.knn_t)
-        res = linear_probe(f_train[:n_lin], train.labels[:n_lin], f_test, test.labels, train.classes,
+        n_bank = min(e.knn_bank or self.data.size, self.data.size)
+        n_lin = min(e.linear_train or self.data.size, self.data.size)
+        f_train, l_train = self.split_features("train", max(n_bank, n_lin))
+        f_test, l_test = self.split_features("test", None)
+        n_test = min(e.knn_test or len(l_test), len(l_test))
+        if progress is not None:
+            progress(f"evaluation: kNN bank {self.data.describe_eval('train', n_bank)} training images, "
+                     f"linear probe trained on {self.data.describe_eval('train', n_lin)}, tested on all "
+                     f"{len(l_test):,} test images (kNN on {self.data.describe_eval('test', n_test)})")
+        knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_test[:n_test], l_test[:n_test],
+                           self.data.classes, e.knn_k, e.knn_t)
+        res = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test, l_test, self.data.classes,
                            weight_decay=e.linear_wd, steps=e.linear_steps)
         return knn, res.test_top1
 
@@ -332,14 +348,13 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     t_start = time.perf_counter()
     tr = trainer or Trainer(cfg)
     main = tr.is_main
-    say(f"mocolab: {cfg.data.name} ({len(tr.train_set)} train / {len(tr.test_set)} test), "
+    say(f"mocolab: {cfg.data.name} ({tr.data.size} train / {tr.data.test_size} test, {tr.data.kind}), "
         f"{cfg.model.backbone}, m={cfg.moco.m}, K={cfg.queue.size}, batch={cfg.optim.batch_size} "
         f"on {tr.world_size} rank(s), {tr.total_steps} steps on {tr.device} "
         f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"
         + (f", resuming at step {tr.step}" if tr.step else ""))
-    for split, ds in (("train", tr.train_set), ("test", tr.test_set)):
-        if ds.skipped:
-            say(f"  {split} data: {datasets.skipped_message(ds.skipped)}")
+    for note in tr.data.notes():
+        say(f"  {note}")
     knn_init = tr.knn() if measure_init and main else None
     if knn_init is not None:
         say(f"  kNN top-1 at initialisation: {100 * knn_init:.2f}%")
@@ -372,7 +387,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     if not main:
         return TrainResult(None, None, loss, tr.step, False, tr.history, knn_init)
     say("final kNN and linear probe on frozen features ...")
-    knn_final, linear = tr.final_eval()
+    knn_final, linear = tr.final_eval(say)
     if tr.history:
         tr.history[-1].knn_top1 = knn_final
     say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "

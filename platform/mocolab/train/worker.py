@@ -9,12 +9,16 @@ Rank 0 logs to MLflow by run id; the driver owns the run's life.
 from __future__ import annotations
 
 import os
+import resource
 import tempfile
 from pathlib import Path
 
 import torch
 
-from ..config import check_same_config, from_dict
+from .. import dist as mdist
+from ..config import Config, check_same_config, from_dict
+from ..data import DEFAULT_IMAGEFOLDER_SIZE
+from ..sources import TrainSource, choose_loader
 from ..loop import EpochRecord, Trainer, run_training
 from ..tracking import MetricsLogger
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
@@ -45,6 +49,49 @@ def _maybe_inject_fault(trainer: Trainer, fault_step: int, marker: Path, local: 
         os._exit(17)
 
 
+WARM_STEPS = 8
+
+
+class MemoryWatch:
+    """Peak private memory of this worker (Linux ``RssAnon``: its own heap, sampled every step).
+
+    Plain RSS also counts the object-store pages a worker maps while it reads streamed blocks: that
+    store is Ray's, shared by the node and bounded by its own cap, so it is left out here.
+    """
+
+    def __init__(self) -> None:
+        self.start = self.peak = self.private_mb()
+        self.warm: float | None = None  # the peak after WARM_STEPS steps
+        self.training_peak: float | None = None  # the peak at the last training step since then
+
+    @staticmethod
+    def private_mb() -> float:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # elsewhere: the peak of plain RSS
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.private_mb())
+
+
+def open_source(cfg: Config, say=None) -> TrainSource | None:
+    """The streaming source when ``data.loader`` resolves to stream; None lets the Trainer decode into memory."""
+    d = cfg.data
+    choice = choose_loader(d.name, d.loader, cfg.train_size, d.image_size or DEFAULT_IMAGEFOLDER_SIZE, 3,
+                           d.memory_budget_mb)
+    if say is not None:
+        say(choice.reason)
+    if choice.loader == "stream":
+        from .stream import StreamSource
+
+        return StreamSource.from_config(cfg)
+    return None
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     import ray.train
     import ray.train.torch
@@ -58,7 +105,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if cfg.run.threads or cfg.run.num_workers > 0:  # Ray sets OMP threads, not torch's: use the CPU share
         torch.set_num_threads(cfg.run.threads or max(1, int(cfg.run.cpus_per_worker)))
     device = ray.train.torch.get_device() if cfg.run.gpus_per_worker > 0 else torch.device("cpu")
-    trainer = Trainer(cfg, device=device)
+    memory = MemoryWatch()
+    trainer = Trainer(cfg, device=device, source=open_source(cfg, say=print if ray.train.get_context()
+                                                                   .get_world_rank() == 0 else None))
     checkpoint = ray.train.get_checkpoint()
     local_dir = Path(loop_config["run_dir"]) / LOCAL_CHECKPOINT
     state = saved = None
@@ -79,7 +128,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
     every = cfg.run.checkpoint_every
     keep = local_dir if cfg.run.num_workers == 0 else None
 
+    memory.sample()
+    warm_step = trainer.step + WARM_STEPS
+
     def on_step(tr: Trainer) -> None:
+        memory.sample()
+        if tr.step == warm_step:  # past the first batches: what the loader holds in steady state
+            memory.warm = memory.peak
+        if memory.warm is not None:
+            memory.training_peak = memory.peak
         _maybe_inject_fault(tr, cfg.run.fault_step, marker, local=cfg.run.num_workers == 0)
         if every and tr.step % every == 0 and tr.step % tr.steps_per_epoch and tr.step < tr.total_steps:
             _report(tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
@@ -90,14 +147,23 @@ def train_loop_per_worker(loop_config: dict) -> None:
             logger.log(metrics, rec.step)
         _report(trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
 
+    memory.sample()
     result = run_training(cfg, trainer=trainer, on_epoch=on_epoch, on_step=on_step,
                           progress=print if trainer.is_main else None)
+    memory.sample()  # the final evaluation's features count too
     final = {"final": 1.0, "steps": float(result.steps), "diverged": float(result.diverged),
-             "final_loss": result.final_loss}
+             "final_loss": result.final_loss,
+             # the largest growth of any rank's peak memory over the run: what the data loader costs
+             "worker_rss_growth_mb": mdist.max_over_ranks(memory.peak - memory.start),
+             # ... and from WARM_STEPS steps in to the last step: flat when the data streams, whatever its size
+             "worker_rss_growth_after_warmup_mb": mdist.max_over_ranks(
+                 memory.training_peak - memory.warm if memory.warm is not None else float("nan"))}
     if result.linear_top1 is not None:
         final.update(linear_top1=result.linear_top1, knn_top1=result.knn_top1)
     if logger is not None:
-        logger.log_final({k: v for k, v in final.items() if k in ("linear_top1", "knn_top1", "final_loss")},
+        logger.log_final({k: v for k, v in final.items()
+                          if k in ("linear_top1", "knn_top1", "final_loss", "worker_rss_growth_mb",
+                                   "worker_rss_growth_after_warmup_mb")},
                          result.steps)
         if result.diverged:
             logger.set_tag("mocolab.diverged_at_step", str(result.steps))

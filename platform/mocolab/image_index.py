@@ -1,0 +1,209 @@
+"""Where every image of a large split is, and its label, without decoding any: what streaming reads from.
+
+Two sources hold large sets:
+
+- ``imagefolder``: ImageNet-style ``root/train/<class>/*.jpg`` and
+  ``root/val/<class>/*`` (``test/`` when present). A reference is the file's path.
+- ``parquet``: ``root/train/*.parquet`` and ``root/val/*.parquet`` (or
+  ``test/``), one row per image with columns ``image`` (the encoded file's
+  bytes: JPEG, PNG, ...) and ``label`` (int); the class names, when known, in
+  the file's metadata under ``mocolab.classes``. A reference is
+  ``<file>#<row group>#<row in group>``. Building the index reads the label
+  column and the footers only.
+
+``decode`` turns a list of references into one uint8 batch at the preset's
+size (shorter side resized, centre crop), as the in-memory loader does, so the
+two loaders give the same pixels. Pure Python and torch: no Ray here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+PARQUET_COLUMNS = ("image", "label")
+CLASSES_KEY = b"mocolab.classes"
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    name: str  # imagefolder | parquet
+    split: str
+    refs: tuple[str, ...]
+    labels: np.ndarray  # int64, one per reference
+    classes: int
+    image_size: int
+    channels: int = 3
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def decoded_bytes(self) -> int:
+        """What holding the whole split decoded as uint8 would take."""
+        return len(self) * self.channels * self.image_size ** 2
+
+
+def split_folder(root: Path, split: str) -> Path:
+    """``test`` reads ``val/`` when there is no ``test/`` (ImageNet ships train/ and val/)."""
+    if split == "test" and not (root / "test").is_dir():
+        return root / "val"
+    return root / split
+
+
+@functools.lru_cache(maxsize=8)
+def build_index(name: str, root: str, split: str, image_size: int) -> ImageIndex:
+    """The index of one split (cached per process). Errors name ``data.root`` and what was expected."""
+    base = Path(root)
+    folder = split_folder(base, split)
+    if not folder.is_dir():
+        raise ValueError(f"data.root: {name} {root!r} has no {folder.name}/ folder for split {split!r}")
+    if name == "imagefolder":
+        from .data import _class_dirs, _image_files
+
+        class_source = base / "train" if (base / "train").is_dir() else folder
+        classes = _class_dirs(class_source)
+        index = {c: i for i, c in enumerate(classes)}
+        refs: list[str] = []
+        labels: list[int] = []
+        for cls in _class_dirs(folder):
+            if cls not in index:
+                raise ValueError(f"data.root: class folder {folder.name}/{cls} of {root!r} is not among the "
+                                 f"{class_source.name}/ classes")
+            files = _image_files(folder / cls)
+            refs += [str(f) for f in files]
+            labels += [index[cls]] * len(files)
+        n_classes = len(classes)
+    elif name == "parquet":
+        import pyarrow.parquet as pq
+
+        files = sorted(folder.glob("*.parquet"))
+        refs, labels, n_classes = [], [], 0
+        for file in files:
+            pf = pq.ParquetFile(file)
+            missing = [c for c in PARQUET_COLUMNS if c not in pf.schema_arrow.names]
+            if missing:
+                raise ValueError(f"data.root: {file} has no column(s) {missing}; parquet sets need columns "
+                                 f"'image' (encoded bytes) and 'label' (int)")
+            meta = pf.schema_arrow.metadata or {}
+            if CLASSES_KEY in meta:
+                n_classes = max(n_classes, len(json.loads(meta[CLASSES_KEY])))
+            for g in range(pf.num_row_groups):
+                group_labels = pf.read_row_group(g, columns=["label"]).column("label").to_numpy()
+                refs += [f"{file}#{g}#{r}" for r in range(len(group_labels))]
+                labels += group_labels.tolist()
+        n_classes = max(n_classes, (max(labels) + 1) if labels else 0)
+    else:
+        raise ValueError(f"data.name: {name!r} has no file index (imagefolder and parquet do)")
+    if not refs:
+        raise ValueError(f"data.root: {name} {root!r} holds no images under {folder.name}/")
+    return ImageIndex(name, split, tuple(refs), np.asarray(labels, dtype=np.int64), n_classes, image_size)
+
+
+def _decode_bytes(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_image
+
+    from .data import _resize_uint8, _to_uint8
+
+    buf = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.29's codecs still work
+        img = decode_image(buf, mode=ImageReadMode.RGB)
+    if img.ndim == 4:  # animated GIF: first frame
+        img = img[0]
+    return _resize_uint8(_to_uint8(img).unsqueeze(0), size)[0]
+
+
+def decode(refs: Sequence[str], size: int) -> tuple[torch.Tensor, list[str]]:
+    """uint8 len(refs)×3×size×size in the order of ``refs``, and the references that could not be decoded.
+
+    An unreadable image is replaced by the batch's previous (or next) readable one, so a batch keeps its
+    length: every rank must step the same number of times with the same batch shape.
+    """
+    out: list[torch.Tensor | None] = [None] * len(refs)
+    bad: list[str] = []
+    by_group: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for i, ref in enumerate(refs):
+        if "#" in ref:
+            file, group, row = ref.rsplit("#", 2)
+            by_group[(file, int(group))].append((i, int(row)))
+            continue
+        try:
+            with open(ref, "rb") as fh:
+                out[i] = _decode_bytes(fh.read(), size)
+        except Exception:  # noqa: BLE001 - a corrupt file in a million is not fatal
+            bad.append(ref)
+    if by_group:
+        import pyarrow.parquet as pq
+
+        files: dict[str, pq.ParquetFile] = {}
+        for (file, group), rows in by_group.items():
+            pf = files.setdefault(file, pq.ParquetFile(file))
+            column = pf.read_row_group(group, columns=["image"]).column("image")
+            for i, row in rows:
+                try:
+                    out[i] = _decode_bytes(column[row].as_py(), size)
+                except Exception:  # noqa: BLE001
+                    bad.append(refs[i])
+    good = [t for t in out if t is not None]
+    if not good:
+        raise ValueError(f"none of {len(refs)} images could be decoded (first: {refs[0]})")
+    last = good[0]
+    for i, t in enumerate(out):
+        if t is None:
+            out[i] = last
+        else:
+            last = t
+    return torch.stack(out), bad  # type: ignore[arg-type]
+
+
+def write_parquet(images: torch.Tensor, labels: torch.Tensor | np.ndarray, out_file: str | Path, *,
+                  classes: Sequence[str] | None = None, rows_per_group: int = 64, quality: int = 90) -> Path:
+    """Encode uint8 N×C×H×W images as JPEG rows of one parquet file (how large sets are shipped).
+
+    Small row groups keep a shuffled read cheap: each image read costs at most one group's bytes.
+    """
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    blobs = []
+    for img in images:
+        arr = img.permute(1, 2, 0).numpy()
+        buf = io.BytesIO()
+        Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr).save(buf, format="JPEG", quality=quality)
+        blobs.append(buf.getvalue())
+    table = pa.table({"image": pa.array(blobs, type=pa.binary()),
+                      "label": pa.array(np.asarray(labels, dtype=np.int64))})
+    if classes is not None:
+        table = table.replace_schema_metadata({CLASSES_KEY: json.dumps(list(classes)).encode()})
+    out_file = Path(out_file)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out_file, row_group_size=rows_per_group)
+    return out_file
+
+
+def write_imagefolder(images: torch.Tensor, labels: torch.Tensor | np.ndarray, root: str | Path, split: str, *,
+                      classes: Sequence[str] | None = None, quality: int = 90) -> Path:
+    """Encode uint8 N×C×H×W images as ``root/<split>/<class>/<i>.jpg`` (an ImageNet-style folder)."""
+    from PIL import Image
+
+    labels = np.asarray(labels)
+    names = list(classes) if classes is not None else [f"c{k:03d}" for k in range(int(labels.max()) + 1)]
+    folder = Path(root) / split
+    for name in names:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    for i, (img, label) in enumerate(zip(images, labels)):
+        arr = img.permute(1, 2, 0).numpy()
+        Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr).save(
+            folder / names[int(label)] / f"{i:07d}.jpg", quality=quality)
+    return folder

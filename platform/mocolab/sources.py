@@ -1,0 +1,123 @@
+"""Where a run's images come from: decoded once into memory, or streamed (train/stream.py).
+
+Both loaders give a rank the same thing: per epoch, its slice of every global
+batch of one permutation of the training set, drawn from (seed, epoch) alone
+(``Trainer.epoch_order``), as uint8 B×C×H×W batches; and, for evaluation, a
+split's images in a fixed order. The in-memory loader permutes decoded
+tensors; the streaming loader permutes the index of files (image_index.py)
+and decodes only what a rank needs, so both see the same images in the same
+order, and a resumed run starts at the step where it stopped.
+
+``data.loader=auto`` picks memory when the decoded training set fits
+``data.memory_budget_mb`` per worker (default 4096 MiB: a laptop's worker
+holds Fashion-MNIST, 47 MB, or CIFAR-10, 154 MB, with room to spare; ImageNet
+at 224 px, 193 GB, streams), else streams. Only ``imagefolder`` and
+``parquet`` can stream: the other sets are small and arrive as one file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+import numpy as np
+import torch
+
+from . import data as datasets
+
+LOADERS = ("auto", "memory", "stream")
+STREAMABLE = ("imagefolder", "parquet")
+EVAL_SUBSET_SEED = 0  # streamed evaluation subsets: one fixed draw, the same for every run, so runs compare
+
+
+class TrainSource(Protocol):
+    """What the Trainer reads: sizes, one epoch of this rank's batches, a split for evaluation."""
+    size: int
+    test_size: int
+    classes: int
+    channels: int
+    image_size: int
+    kind: str  # "in memory" | "streamed"
+
+    def notes(self) -> list[str]: ...
+
+    def epoch(self, generator: torch.Generator, batch: int, rank: int, world_size: int,
+              start_step: int) -> Iterator[torch.Tensor]: ...
+
+    def eval_split(self, split: str, n: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def describe_eval(self, split: str, n: int | None) -> str: ...
+
+
+@dataclass
+class LoaderChoice:
+    loader: str  # memory | stream
+    reason: str
+
+
+def choose_loader(name: str, loader: str, images: int | None, image_size: int, channels: int,
+                  budget_mb: int) -> LoaderChoice:
+    """``data.loader`` resolved: an explicit choice is checked, ``auto`` compares the decoded size to the budget."""
+    if loader == "stream" and name not in STREAMABLE:
+        raise ValueError(f"data.loader: 'stream' reads {' or '.join(STREAMABLE)} sets; {name!r} is decoded "
+                         f"into memory (use data.loader=memory or auto)")
+    if loader in ("memory", "stream"):
+        return LoaderChoice(loader, f"data.loader={loader}")
+    if name not in STREAMABLE or images is None:
+        return LoaderChoice("memory", f"data.loader=auto: {name} is held in memory")
+    need = images * channels * image_size ** 2 / 2 ** 20
+    pick = "memory" if need <= budget_mb else "stream"
+    sign = "<=" if pick == "memory" else ">"
+    return LoaderChoice(pick, f"data.loader=auto: {images:,} images x {channels}x{image_size}x{image_size} = "
+                              f"{need:,.0f} MiB decoded {sign} data.memory_budget_mb={budget_mb:,} -> {pick}")
+
+
+def eval_order(n_total: int, n: int | None) -> np.ndarray:
+    """Positions a streamed evaluation reads: all in order, or the first n of one fixed permutation
+    (so every prefix of it is itself a random subset, as the kNN bank and the probe need)."""
+    if n is None or n >= n_total:
+        return np.arange(n_total)
+    return np.random.default_rng(EVAL_SUBSET_SEED).permutation(n_total)[:n]
+
+
+def rank_positions(perm: torch.Tensor, step: int, batch: int, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's slice of global batch ``step``: the one rule both loaders follow."""
+    start = step * batch * world_size + rank * batch
+    return perm[start:start + batch]
+
+
+class MemorySource:
+    """Decoded tensors: the embedded default and every set that fits the budget."""
+
+    def __init__(self, train: datasets.ImageDataset, test: datasets.ImageDataset) -> None:
+        self.train, self.test = train, test
+        # sets stored in class order take a fixed random subset (a prefix would hold the first classes only);
+        # the others are stored shuffled, and their prefix is what every earlier run measured
+        self.random_subsets = train.name in STREAMABLE
+        self.size, self.test_size, self.classes = len(train), len(test), train.classes
+        self.channels, self.image_size = train.images.shape[1], train.images.shape[-1]
+        self.kind = "in memory"
+
+    def notes(self) -> list[str]:
+        return [f"{split} data: {datasets.skipped_message(ds.skipped)}"
+                for split, ds in (("train", self.train), ("test", self.test)) if ds.skipped]
+
+    def epoch(self, generator, batch, rank, world_size, start_step):
+        perm = torch.randperm(self.size, generator=generator)
+        for step in range(start_step, self.size // (batch * world_size)):
+            yield self.train.images[rank_positions(perm, step, batch, rank, world_size)]
+
+    def eval_split(self, split, n):
+        ds = self.train if split == "train" else self.test
+        if self.random_subsets:
+            idx = torch.from_numpy(eval_order(len(ds), n))
+            yield ds.images[idx], ds.labels[idx]
+            return
+        n = len(ds) if n is None else min(n, len(ds))
+        yield ds.images[:n], ds.labels[:n]
+
+    def describe_eval(self, split, n):
+        ds = self.train if split == "train" else self.test
+        if n is None or n >= len(ds):
+            return f"all {len(ds):,}"
+        return f"{'a fixed random' if self.random_subsets else 'the first'} {n:,} of {len(ds):,}"
