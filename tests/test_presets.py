@@ -1,0 +1,68 @@
+"""The papers' presets train for a few steps on generated data of the shape they expect."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mocolab.config import build_config, list_presets
+from mocolab.data import _synthetic
+from mocolab.image_index import write_imagefolder
+from mocolab.loop import run_training
+from mocolab.train import fit
+
+
+def _rgb_folder(root, n, size, classes=10, seed=0):
+    for split, count, s in (("train", n, seed), ("val", max(n // 4, classes), seed + 1)):
+        ds = _synthetic(count, size, s)
+        write_imagefolder(ds.images.expand(-1, 3, -1, -1), ds.labels % classes, root, split)
+    return root
+
+
+def test_the_papers_presets_are_listed_and_say_what_they_need():
+    assert {"cifar10-resnet18", "imagenet-resnet50"} <= set(list_presets())
+    c = build_config("cifar10-resnet18")
+    assert (c.model.backbone, c.queue.size, c.moco.m, c.optim.batch_size, c.moco.tau, c.optim.epochs) == \
+        ("resnet18", 4096, 0.99, 512, 0.1, 200)
+    with pytest.raises(ValueError, match=r"^data.root: imagefolder needs a folder path"):
+        build_config("imagenet-resnet50")
+
+
+@pytest.mark.slow
+def test_cifar10_resnet18_trains_on_cifar_shaped_images(tmp_path):
+    root = _rgb_folder(tmp_path / "c10", 4608, 32)
+    cfg = build_config("cifar10-resnet18", {
+        "data.name": "imagefolder", "data.root": str(root), "data.image_size": 32, "optim.batch_size": 64,
+        "optim.max_steps": 3, "eval.knn_bank": 512, "eval.knn_test": 200, "eval.linear_train": 512,
+        "eval.linear_steps": 5, "run.threads": 2})
+    assert cfg.queue.size == 4096 and cfg.model.backbone == "resnet18"
+    result = run_training(cfg)
+    assert result.steps == 3 and not result.diverged and 0.0 <= result.linear_top1 <= 1.0
+
+
+@pytest.mark.slow
+def test_imagenet_resnet50_streams_imagenet_shaped_images(tmp_path, ray_session):
+    root = _rgb_folder(tmp_path / "in", 160, 224)
+    cfg = build_config("imagenet-resnet50", {
+        "data.root": str(root), "optim.batch_size": 16, "queue.size": 64, "optim.max_steps": 2,
+        "eval.knn_bank": 32, "eval.knn_test": 16, "eval.linear_train": 32, "eval.linear_steps": 5,
+        "run.output_dir": str(tmp_path / "runs"), "run.name": "in-r50"})
+    assert (cfg.data.loader, cfg.data.image_size, cfg.model.backbone, cfg.model.head) == \
+        ("stream", 224, "resnet50", "mlp")
+    out = fit(cfg, log_to_mlflow=False)
+    assert out.status == "finished" and out.steps == 2 and out.linear_top1 is not None
+
+
+def test_cifar10_without_the_files_and_without_a_network_is_a_clear_error(tmp_path):
+    env = {**os.environ, "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
+           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}  # no network: a dead proxy
+    code = ("from mocolab.data import load_dataset\n"
+            f"load_dataset('cifar10', 'train', {str(tmp_path / 'c10')!r})")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode != 0
+    assert "cifar10 train split not found under" in res.stderr and "could not download it" in res.stderr
+    assert "cifar-10-batches-py/" in res.stderr  # where to put the files
