@@ -138,3 +138,33 @@ def python_without_mocolab(folder: Path) -> Path:
                            env={"PATH": "/usr/bin:/bin", "HOME": str(folder)})
     assert probe.stdout.strip() == "no mocolab", probe
     return python
+
+
+@pytest.fixture
+def s3_server(tmp_path, free_port):
+    """A real S3-compatible server (moto) on 127.0.0.1 with an empty bucket ``mocolab``; yields a function
+    giving an ``s3://`` URI under the bucket that carries its endpoint and credentials (any pass)."""
+    import pyarrow.fs
+
+    port = free_port()
+    log = tmp_path / "moto.log"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail(f"moto_server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.3)
+        query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        fs = pyarrow.fs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
+                                     scheme="http", region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir("mocolab")
+        yield lambda path: f"s3://testing:testing@mocolab/{path}?{query}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -6,6 +6,10 @@ from mocolab.config import Config, build_config, list_presets, load_preset, pars
 def test_presets_load_and_validate():
     assert {"smoke", "cpu-quick"} <= set(list_presets())
     for name in list_presets():
+        if load_preset(name).data.name in ("imagefolder", "parquet"):  # the user's folder: refused without one
+            with pytest.raises(ValueError, match=r"^data.root: .* needs a folder path"):
+                build_config(name)
+            continue
         cfg = build_config(name)
         assert cfg.run.preset == name
 

@@ -10,7 +10,7 @@ from .config import CHOICES, build_config, list_presets
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg = build_config(args.preset, args.set or [])
+    cfg = build_config(args.preset, (args.set or []) + ([f"run.output_dir={args.storage}"] if args.storage else []))
     if args.print_config:
         for key, value in cfg.flatten().items():
             print(f"{key} = {value}")
@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--preset", default="cpu-quick", help=f"one of {list_presets()} (default cpu-quick)")
     tr.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a config field, e.g. --set moco.m=0.9 (repeatable)")
+    tr.add_argument("--storage", default=None, metavar="FOLDER_OR_URI",
+                    help="where checkpoints live (run.output_dir): a folder, or any URI Ray Train writes to "
+                         "(s3://bucket/runs, gs://..., file:///...)")
     tr.add_argument("--print-config", action="store_true", help="print the resolved config first")
     tr.add_argument("--measure-init", action="store_true",
                     help="also measure kNN top-1 before training (with --in-process)")

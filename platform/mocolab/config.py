@@ -30,6 +30,7 @@ from .models import BACKBONES, HEADS
 from .queue import POLICIES as QUEUE_POLICIES
 from .schedule import LR_SCHEDULES
 from .sources import LOADERS, STREAMABLE
+from .storage import is_uri
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -475,7 +476,7 @@ def absolute_paths(overrides: Mapping[str, Any], cwd: str | os.PathLike[str] | N
     out = dict(overrides)
     for key in PATH_FIELDS:
         value = out.get(key)
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and value and not is_uri(value):  # a URI is never a local path
             p = Path(value).expanduser()
             out[key] = str(p if p.is_absolute() else (base / p).resolve())
     return out

@@ -13,7 +13,6 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from ..interrupts import reassert
@@ -23,6 +22,7 @@ from ..tracking import RunTracker, check_tracking_uri, local_store_path, redact_
 from .checkpoint import LOCAL_CHECKPOINT
 from .resources import check_device, check_placement
 from .shipping import check_job_paths, check_nodes, code_runtime_env
+from ..storage import Location, is_uri
 
 CONFIG_RECORD = "config.json"  # beside a run's checkpoints: what the run was started with
 
@@ -97,40 +97,38 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     """
     cfg = with_absolute_paths(validate(cfg))  # workers run in other folders
     uri = resolve_tracking_uri(tracking_uri)
-    check_job_paths({"run.output_dir": cfg.run.output_dir,
+    check_job_paths({"run.output_dir": None if is_uri(cfg.run.output_dir) else cfg.run.output_dir,
                      "tracking URI": local_store_path(uri) if log_to_mlflow else None})
     if log_to_mlflow:
         check_tracking_uri(uri)
     name = cfg.run_name
-    storage = Path(cfg.run.output_dir)
+    storage = Location(cfg.run.output_dir)  # a folder, or any URI Ray Train writes to (s3://, gs://, ...)
     workers = cfg.run.num_workers
     if workers > 0:  # a request the cluster can never place is an error now, not a hang later
         check_device(cfg.run.device, cfg.run.gpus_per_worker)
         ensure_ray()
         check_placement(workers, cfg.run.cpus_per_worker, cfg.run.gpus_per_worker, what=f"run '{name}'")
-    run_dir = storage / name
-    with NameLock(run_dir, f"run '{name}'", say=progress):
+    run_dir = storage.child(name)
+    with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
         _check_resume(cfg, run_dir)
         return _fit_locked(cfg, uri, run_dir, parent_run_id=parent_run_id, tags=tags, display_name=display_name,
                            log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks)
 
 
-def _check_resume(cfg: Config, run_dir: Path) -> None:
+def _check_resume(cfg: Config, run_dir: Location) -> None:
     """A run folder records its config; the same name with other settings is refused before any work."""
-    record = run_dir / CONFIG_RECORD
     fresh = f"--set run.name=<a new name>, or remove {run_dir} (and its MLflow run)"
-    if record.is_file():
-        check_same_config(f"run '{cfg.run_name}'", json.loads(record.read_text()), cfg.flatten(), fresh)
+    if run_dir.exists(CONFIG_RECORD):
+        check_same_config(f"run '{cfg.run_name}'", json.loads(run_dir.read_text(CONFIG_RECORD)), cfg.flatten(),
+                          fresh)
     else:
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cfg.flatten(), indent=1, default=str))
-        os.replace(tmp, record)
+        run_dir.write_text(CONFIG_RECORD, json.dumps(cfg.flatten(), indent=1, default=str))
 
 
-def _fit_locked(cfg: Config, uri: str, run_dir: Path, *, parent_run_id: str | None, tags: dict[str, str] | None,
+def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str | None, tags: dict[str, str] | None,
                 display_name: str | None, log_to_mlflow: bool, progress: Callable[[str], None],
                 callbacks: list | None) -> TrainOutcome:
-    name, storage, workers = cfg.run_name, run_dir.parent, cfg.run.num_workers
+    name, workers = cfg.run_name, cfg.run.num_workers
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -151,10 +149,10 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Path, *, parent_run_id: str | No
         trainer = TorchTrainer(
             _loop,
             train_loop_config={"config": cfg.to_dict(), "mlflow_run_id": run_id, "tracking_uri": uri,
-                               "run_dir": str(run_dir)},
+                               "run_dir": run_dir.location},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
                                          resources_per_worker=resources if workers else None),
-            run_config=RunConfig(name=name, storage_path=str(storage),
+            run_config=RunConfig(name=name, storage_path=cfg.run.output_dir,
                                  failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),
                                  callbacks=callbacks or None),
@@ -186,8 +184,8 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Path, *, parent_run_id: str | No
         tracker.finish(status)
     loss = m.get("final_loss")
     if workers == 0:  # local mode: Ray's result names a temporary folder; the run keeps its own copy
-        local = run_dir / LOCAL_CHECKPOINT
-        checkpoint = str(local) if (local / "rank0.pt").is_file() else None
+        checkpoint = (str(run_dir.child(LOCAL_CHECKPOINT)) if run_dir.exists(f"{LOCAL_CHECKPOINT}/rank0.pt")
+                      else None)
     else:
         checkpoint = result.checkpoint.path if result.checkpoint is not None else None
     return TrainOutcome(name, run_id, status, m.get("linear_top1"), m.get("knn_top1"),

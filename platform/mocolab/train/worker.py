@@ -21,29 +21,33 @@ from ..data import DEFAULT_IMAGEFOLDER_SIZE
 from ..sources import TrainSource, choose_loader
 from ..loop import EpochRecord, Trainer, run_training
 from ..tracking import MetricsLogger
+from ..storage import Location
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
 
 
-def _report(trainer: Trainer, config: dict, metrics: dict, local_dir: Path | None = None) -> None:
+def _report(trainer: Trainer, config: dict, metrics: dict, keep: Location | None = None) -> None:
     """Report metrics with a checkpoint.  Ray's local mode (W = 0) does not persist checkpoints,
-    so there the state is also kept in ``local_dir`` for a later run of the same name."""
+    so there the state is also kept in the run's folder (``keep``) for a later run of the same name."""
     import ray.train
 
-    if local_dir is not None:
-        local_dir.mkdir(parents=True, exist_ok=True)
-        save_rank_state(trainer.state_dict(), config, local_dir, 0, 1)
+    if keep is not None and not keep.remote:
+        save_rank_state(trainer.state_dict(), config, Path(keep.root) / LOCAL_CHECKPOINT, 0, 1)
+    elif keep is not None:  # a URI: written whole beside, then uploaded over the previous one
+        with tempfile.TemporaryDirectory() as tmp:
+            save_rank_state(trainer.state_dict(), config, tmp, 0, 1)
+            keep.put_dir(tmp, LOCAL_CHECKPOINT)
     with tempfile.TemporaryDirectory() as tmp:
         save_rank_state(trainer.state_dict(), config, tmp, trainer.rank, trainer.world_size)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
-def _maybe_inject_fault(trainer: Trainer, fault_step: int, marker: Path, local: bool) -> None:
+def _maybe_inject_fault(trainer: Trainer, fault_step: int, run_dir: Location, local: bool) -> None:
     """Testing aid: the last rank dies hard at ``fault_step``, once per run (a marker file remembers).
     In local mode (W = 0) the loop runs in the driver, so the fault is an exception, not an exit."""
+    marker = ".fault-injected"
     if fault_step and trainer.step == fault_step and trainer.rank == trainer.world_size - 1 \
-            and not marker.exists():
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(f"worker exited at step {fault_step}\n")
+            and not run_dir.exists(marker):
+        run_dir.write_text(marker, f"worker exited at step {fault_step}\n")
         if local:
             raise RuntimeError(f"injected fault at step {fault_step} (run.fault_step)")
         os._exit(17)
@@ -109,13 +113,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
     trainer = Trainer(cfg, device=device, source=open_source(cfg, say=print if ray.train.get_context()
                                                                    .get_world_rank() == 0 else None))
     checkpoint = ray.train.get_checkpoint()
-    local_dir = Path(loop_config["run_dir"]) / LOCAL_CHECKPOINT
+    run_dir = Location(loop_config["run_dir"])  # a folder or a URI (storage.py)
     state = saved = None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             state, saved = load_rank_state(folder, trainer.rank, trainer.world_size)
-    elif cfg.run.num_workers == 0 and (local_dir / "rank0.pt").is_file():
-        state, saved = load_rank_state(local_dir, 0, 1)
+    elif cfg.run.num_workers == 0 and run_dir.exists(f"{LOCAL_CHECKPOINT}/rank0.pt"):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(run_dir.root) / LOCAL_CHECKPOINT if not run_dir.remote else Path(tmp)
+            if run_dir.remote:
+                run_dir.get_dir(LOCAL_CHECKPOINT, tmp)
+            state, saved = load_rank_state(folder, 0, 1)
     if state is not None:  # the driver checked the run's record; the checkpoint itself must agree too
         check_same_config(f"checkpoint of run '{cfg.run_name}'", from_dict(saved).flatten(), cfg.flatten(),
                           "--set run.name=<a new name>")
@@ -124,9 +132,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     logger = None
     if trainer.is_main and loop_config.get("mlflow_run_id"):
         logger = MetricsLogger(loop_config["tracking_uri"], loop_config["mlflow_run_id"])
-    marker = Path(loop_config["run_dir"]) / ".fault-injected"
     every = cfg.run.checkpoint_every
-    keep = local_dir if cfg.run.num_workers == 0 else None
+    keep = run_dir if cfg.run.num_workers == 0 else None
 
     memory.sample()
     warm_step = trainer.step + WARM_STEPS
@@ -137,7 +144,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             memory.warm = memory.peak
         if memory.warm is not None:
             memory.training_peak = memory.peak
-        _maybe_inject_fault(tr, cfg.run.fault_step, marker, local=cfg.run.num_workers == 0)
+        _maybe_inject_fault(tr, cfg.run.fault_step, run_dir, local=cfg.run.num_workers == 0)
         if every and tr.step % every == 0 and tr.step % tr.steps_per_epoch and tr.step < tr.total_steps:
             _report(tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
 

@@ -13,7 +13,7 @@ from ..config import list_presets, parse_overrides
 from ..interrupts import closing_on_signals, exit_code
 from ..report import build_report
 from ..tracking import redact_uri
-from .sweep import Sweep, Trial, ending, resolve_sweep, run_sweep, sweep_dir
+from .sweep import Sweep, Trial, ending, publish_report, resolve_sweep, run_sweep, sweep_dir
 
 # What a study's report function returns: the printed summary, its plot (or None) and its table.
 StudyReport = tuple[str, Path | None, pd.DataFrame]
@@ -107,6 +107,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     parent.log_summary(table, trials, figure, text)
     rep = build_report(sweep.study, sweep_dir(sweep) / "report", parent_run=parent.run_id,
                        tracking_uri=sweep.tracking_uri)
+    published = publish_report(sweep)
     bad = trials[trials["status"].isin(["failed", "running", "interrupted"])]
     expected = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
     left = expected - int(trials["status"].isin(["finished", "diverged", "stopped_early"]).sum()) - len(bad)
@@ -126,5 +127,6 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     print(f"Open the UI: mlflow ui --backend-store-uri {redact_uri(parent.uri)}   (then http://127.0.0.1:5000)")
     if figure is not None:
         print(f"Plot: {figure}")
-    print(f"Report: {rep.html}  (also under the parent run's artifacts, report/)")
+    print(f"Report: {rep.html}  (also under the parent run's artifacts, report/"
+          + (f", and at {published})" if published else ")"))
     return 0 if bad.empty else 1

@@ -22,6 +22,7 @@ from ray.tune import Stopper
 
 from ..config import absolute_paths, build_config, check_name
 from ..lock import NameLock
+from ..storage import Location, is_uri
 from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
                         resolve_tracking_uri)
 from .search import build_scheduler, build_searcher, check_search, tune_space
@@ -94,7 +95,7 @@ def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: fl
     over = {**sweep.base_overrides, **over,
             "run.num_workers": sweep.workers_per_trial, "run.cpus_per_worker": cpus_per_worker,
             "run.gpus_per_worker": sweep.gpus_per_worker, "run.experiment": sweep.study,
-            "run.output_dir": str(Path(sweep.storage).resolve() / sweep.name / "train"),
+            "run.output_dir": Location(sweep.storage).child(sweep.name, "train").location,
             "run.name": f"{sweep.name}--{_slug(label)}"}
     if sweep.workers_per_trial == 0:
         over.pop("run.cpus_per_worker")
@@ -191,13 +192,34 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
 def resolve_sweep(sweep: Sweep) -> Sweep:
     """The sweep with its store, storage and data paths made absolute: trials run in other working folders."""
     return dataclasses.replace(sweep, tracking_uri=resolve_tracking_uri(sweep.tracking_uri),
-                               storage=str(Path(sweep.storage).expanduser().resolve()),
+                               storage=sweep.storage if is_uri(sweep.storage)
+                               else str(Path(sweep.storage).expanduser().resolve()),
                                base_overrides=absolute_paths(sweep.base_overrides))
 
 
 def sweep_dir(sweep: Sweep) -> Path:
-    """Where a sweep keeps its Tune state, its trials' Train runs, its plots and its report."""
+    """The sweep's local folder: its lock, plot and report (with URI storage, a folder on this machine
+    named by the URI; ``publish_report`` copies what a study writes there to the storage)."""
+    if is_uri(sweep.storage):
+        return Location(sweep.storage).child(sweep.name).lock_folder()
     return Path(sweep.storage) / sweep.name
+
+
+def tune_dir(sweep: Sweep) -> str:
+    """Where Tune keeps the sweep's state: ``<storage>/<name>/tune``, a folder or a URI."""
+    return Location(sweep.storage).child(sweep.name, "tune").location
+
+
+def publish_report(sweep: Sweep) -> str | None:
+    """With URI storage, copy the study's plot and report beside its Tune and Train state; returns where."""
+    if not is_uri(sweep.storage):
+        return None
+    remote, local = Location(sweep.storage).child(sweep.name), sweep_dir(sweep)
+    for png in local.glob("*.png"):  # the study's own plot
+        remote.put_file(png, png.name)
+    if (local / "report").is_dir():
+        remote.put_dir(local / "report", "report")
+    return str(remote.child("report"))
 
 
 def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[SweepRun, Any]:
@@ -211,7 +233,8 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
     from ..train.launch import ensure_ray
     from ..train.shipping import check_job_paths
 
-    check_job_paths({"--storage": sweep.storage, "--tracking-uri": local_store_path(sweep.tracking_uri)})
+    check_job_paths({"--storage": None if is_uri(sweep.storage) else sweep.storage,
+                     "--tracking-uri": local_store_path(sweep.tracking_uri)})
     from ..train.resources import check_device, check_placement, node_capacities
 
     ensure_ray()
@@ -288,16 +311,16 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
     trainable = tune.with_resources(
         tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
         resources)
-    tune_dir = sweep_dir(sweep) / "tune"
+    tune_path = tune_dir(sweep)
     if sweep.search != "grid":
         # Not every report carries the search metric (the last epoch's kNN comes with the final
         # report; checkpoint-only reports have none): ASHA skips those, Optuna reads the last one.
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
         # A search's state lives in its searcher: resume it through Tune.
-        path = tune_dir / "search"
-        if tune.Tuner.can_restore(str(path)):
+        path = Location(tune_path).child("search")
+        if tune.Tuner.can_restore(path.location):
             progress(f"resuming the search from {path}")
-            return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+            return tune.Tuner.restore(path.location, trainable=trainable, resume_errored=True)
         space = tune_space(sweep.search_space or {})
         space["run.seed"] = tune.grid_search(sweep.seeds) if len(sweep.seeds) > 1 else sweep.seeds[0]
         return tune.Tuner(
@@ -307,7 +330,7 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
                 search_alg=build_searcher(sweep.search, sweep.metric, sweep.mode, sweep.seeds[0]),
                 scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode,
                                           build_config(sweep.preset, sweep.base_overrides).optim.epochs)),
-            run_config=tune.RunConfig(name="search", storage_path=str(tune_dir), verbose=1, stop=stop))
+            run_config=tune.RunConfig(name="search", storage_path=tune_path, verbose=1, stop=stop))
     # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
     # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
     done = parent.done_labels()
@@ -316,11 +339,11 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
         progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
     if not remaining:
         return None
-    attempt = 1 + sum(1 for _ in tune_dir.glob("attempt-*")) if tune_dir.is_dir() else 1
+    attempt = 1 + sum(1 for n in Location(tune_path).children() if n.startswith("attempt-"))
     space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
     return tune.Tuner(
         trainable, param_space=space, tune_config=tune.TuneConfig(max_concurrent_trials=conc),
-        run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=str(tune_dir), verbose=1, stop=stop))
+        run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=tune_path, verbose=1, stop=stop))
 
 
 class _StopAfter(Stopper):
