@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_python_dash_m_is_the_mocolab_command():
     console = str(Path(sys.executable).with_name("mocolab"))
     for args in (["--version"], ["train", "--help"]):

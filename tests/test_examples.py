@@ -23,6 +23,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_minimal_moco_runs_and_reports_loss_and_knn():
     proc = _run([str(EXAMPLE), "--steps", "5", "--subset", "1024", "--batch-size", "64", "--print-every", "1"])
     assert proc.returncode == 0, proc.stderr

@@ -46,6 +46,7 @@ def _runs(uri: str, experiment: str = "faults") -> list:
 
 # ----------------------------------------------------------------------------------- 1. resume never mixes configs
 
+@pytest.mark.slow
 @needs_fmnist
 def test_resume_with_other_settings_is_refused_before_any_work(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -173,6 +174,7 @@ def _diverge_on_one_rank(rank: int, world: int) -> dict:
     return {"diverged": diverged, "step": tr.step}
 
 
+@pytest.mark.slow
 def test_divergence_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     from test_dist import launch  # the gloo launcher of the distributed tests
 
@@ -356,6 +358,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["rank0.pt"], "the partial file was left behind"
 
 
+@pytest.mark.slow
 def test_mocolab_train_with_a_dead_ray_address_fails_before_any_run(tmp_path):
     env = {**_env(), "RAY_ADDRESS": "127.0.0.1:9"}
     res = subprocess.run([str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke",

@@ -57,6 +57,7 @@ def test_imagenet_resnet50_streams_imagenet_shaped_images(tmp_path, ray_session)
     assert out.status == "finished" and out.steps == 2 and out.linear_top1 is not None
 
 
+@pytest.mark.slow
 def test_cifar10_without_the_files_and_without_a_network_is_a_clear_error(tmp_path):
     env = {**os.environ, "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
            "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}  # no network: a dead proxy
