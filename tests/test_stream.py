@@ -86,7 +86,7 @@ def test_twenty_thousand_images_stream_through_two_workers_in_bounded_memory(tmp
     decoded_mb = 20_000 * 3 * 64 * 64 / 2**20  # 234 MiB: what each worker holds with the in-memory loader
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     growth = {}
-    for loader, steps in (("stream", None), ("memory", 10)):  # memory: only to show what holding the set costs
+    for loader, steps in (("stream", None), ("memory", 2)):  # memory: only to show what holding the set costs
         cfg = build_config("smoke", {
             "data.name": "imagefolder", "data.root": str(root), "data.image_size": 64, "data.subset": None,
             "data.loader": loader, "model.width": 8, "queue.size": 1024, "optim.epochs": 1,
@@ -104,3 +104,14 @@ def test_twenty_thousand_images_stream_through_two_workers_in_bounded_memory(tmp
     assert stream["worker_rss_growth_mb"] < memory["worker_rss_growth_mb"] - 0.5 * decoded_mb
     after = stream["worker_rss_growth_after_warmup_mb"]
     assert not math.isnan(after) and after < 0.5 * decoded_mb  # 20,000 images later: no growth with the data
+
+
+def test_stream_without_ray_is_refused_with_the_way_out(tmp_path):
+    from mocolab.loop import Trainer
+
+    root = _folder(tmp_path / "if", n=200)
+    cfg = build_config("smoke", {"data.name": "imagefolder", "data.root": str(root), "data.image_size": 24,
+                                 "data.subset": None, "data.loader": "stream", "queue.size": 128,
+                                 "optim.batch_size": 32})
+    with pytest.raises(ValueError, match=r"^data.loader: 'stream' reads through Ray Data.*drop --in-process"):
+        Trainer(cfg)

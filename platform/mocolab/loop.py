@@ -129,6 +129,9 @@ class Trainer:
         rank, world_size = self.rank, self.world_size
         self.device = device or resolve_device(cfg.run.device)
         if source is None:  # the streaming source needs Ray Data: train/worker.py builds it and passes it in
+            if cfg.data.loader == "stream" and (train is None or test is None):
+                raise ValueError("data.loader: 'stream' reads through Ray Data, which a run without Ray "
+                                 "(--in-process) does not start; drop --in-process, or use data.loader=memory")
             if train is None or test is None:
                 train, test = load_data(cfg)
             source = MemorySource(train, test)
