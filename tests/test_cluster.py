@@ -108,13 +108,21 @@ def _start(cmd: list[str], env: dict, log: Path, cwd: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # our node only: `ray start --block` stops it on SIGTERM
-    try:
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Worker nodes first, killed with their process group (a clean stop drains the node and, after a
+    job, waits 30 s for it); then the head: SIGTERM to the `ray start --block` process alone, which
+    stops its children in 2 s (signalling its group kills the GCS under it, and the drain waits 30 s)."""
+    head, workers = procs[0], procs[1:]
+    for proc in workers:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+    if head.poll() is None:
+        head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(head.pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -167,8 +175,7 @@ def cluster_without_mocolab(free_port, tmp_path):
         procs.append(worker)
         yield url, env
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
+        _stop(procs)
         for folder in temps:
             shutil.rmtree(folder, ignore_errors=True)
 
