@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from mocolab.config import build_config, list_presets
 from mocolab.data import _synthetic

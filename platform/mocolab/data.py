@@ -36,6 +36,7 @@ __all__ = [
     "default_data_root",
     "fashion_mnist_dir",
     "iterate_batches",
+    "rank_positions",
     "load_dataset",
     "read_idx",
     "skipped_message",
@@ -426,58 +427,22 @@ def count_images(root: str | os.PathLike[str] | None, split: str = "train", name
 
 @functools.lru_cache(maxsize=8)
 def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDataset:
-    from torchvision.io import ImageReadMode, decode_image, read_file
+    """The folder decoded whole: the file list and the decoder the streaming loader uses (image_index.py),
+    with unreadable files left out (here nothing needs a batch to keep its length)."""
+    from .image_index import build_index, decode_file
 
-    base = Path(root)
-    _require_dir(base, "imagefolder root")
-    folder_name = split
-    if split == "test" and not (base / "test").is_dir():
-        folder_name = "val"  # ImageNet ships train/ and val/
-    folder = base / folder_name
-    if not folder.is_dir():
-        expected = "train/" if split == "train" else "test/ or val/"
-        raise ValueError(
-            f"data.root: imagefolder {root!r} has no {expected} folder for split {split!r} "
-            "(expected ImageNet-style root/train/<class>/*.jpg and root/val/<class>/*.jpg)"
-        )
-    # Labels come from train/'s class list when it exists, so that train and
-    # val agree on the index of every class even if val lacks one.
-    class_source = base / "train" if (base / "train").is_dir() else folder
-    class_names = _class_dirs(class_source)
-    if not class_names:
-        raise ValueError(
-            f"data.root: imagefolder {root!r} has no class folders in {class_source.name}/ "
-            "(expected root/train/<class>/*.jpg)"
-        )
-    index = {c: i for i, c in enumerate(class_names)}
-
+    index = build_index("imagefolder", root, split, image_size)
     images: list[torch.Tensor] = []
     labels: list[int] = []
     skipped: list[str] = []
-    for cls in _class_dirs(folder):
-        if cls not in index:
-            raise ValueError(
-                f"data.root: class folder {folder_name}/{cls} of {root!r} is not among the "
-                f"{class_source.name}/ classes {class_names}"
-            )
+    for ref, label in zip(index.refs, index.labels.tolist()):
         try:
-            files = _image_files(folder / cls)
-        except OSError as exc:
-            raise ValueError(f"data.root: cannot list {str(folder / cls)!r}: {exc}") from exc
-        for file in files:
-            try:
-                with warnings.catch_warnings():
-                    # torchvision 0.29 deprecates its image codecs in favour of
-                    # torchcodec; they still work, and are what is installed.
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    img = decode_image(read_file(str(file)), mode=ImageReadMode.RGB)
-            except Exception:  # noqa: BLE001 - torchvision raises RuntimeError for bad data
-                skipped.append(str(file.relative_to(base)))  # a corrupt file in a million is not fatal
-                continue
-            if img.ndim == 4:  # animated GIF: first frame
-                img = img[0]
-            images.append(_resize_uint8(_to_uint8(img).unsqueeze(0), image_size)[0])
-            labels.append(index[cls])
+            images.append(decode_file(ref, image_size))
+        except Exception:  # noqa: BLE001 - torchvision raises RuntimeError for bad data
+            skipped.append(str(Path(ref).relative_to(root)))  # a corrupt file in a million is not fatal
+            continue
+        labels.append(label)
+    folder_name = index.folder
     if not images:
         raise ValueError(
             f"data.root: imagefolder {root!r} holds no readable images ({', '.join(IMAGE_EXTENSIONS)}) "
@@ -488,7 +453,7 @@ def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDat
     return ImageDataset(
         images=torch.stack(images).contiguous(),
         labels=torch.tensor(labels, dtype=torch.int64),
-        classes=len(class_names),
+        classes=index.classes,
         name="imagefolder",
         skipped=tuple(skipped),
     )
@@ -687,6 +652,13 @@ def _check_batching(batch_size: int, rank: int, world_size: int) -> None:
         raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
 
 
+def rank_positions(perm: torch.Tensor, step: int, batch_size: int, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's slice of global batch ``step`` of one epoch's permutation: the rule every loader follows
+    (in memory here, streamed in train/stream.py), so ranks together see one process's global batches."""
+    begin = step * batch_size * world_size + rank * batch_size
+    return perm[begin:begin + batch_size]
+
+
 def iterate_batches(
     dataset: ImageDataset,
     batch_size: int,
@@ -695,6 +667,7 @@ def iterate_batches(
     drop_last: bool = True,
     rank: int = 0,
     world_size: int = 1,
+    start: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One epoch of this rank's share of every global batch: (uint8 images, labels, indices).
 
@@ -711,15 +684,16 @@ def iterate_batches(
     others in a collective. ``drop_last=False`` splits the tail as evenly as
     possible across ranks (a rank may then get a smaller batch, or none); use
     it for single-process evaluation that must see every sample.
+
+    ``start`` skips the first global batches without indexing them: a run restarted mid-epoch.
     """
     _check_batching(batch_size, rank, world_size)
     n = len(dataset)
     perm = torch.randperm(n, generator=generator)
     global_batch = batch_size * world_size
     full = n // global_batch
-    for b in range(full):
-        start = b * global_batch + rank * batch_size
-        idx = perm[start : start + batch_size]
+    for b in range(start, full):
+        idx = rank_positions(perm, b, batch_size, rank, world_size)
         yield dataset.images[idx], dataset.labels[idx], idx
     tail = perm[full * global_batch :]
     if not drop_last and tail.numel() > 0:

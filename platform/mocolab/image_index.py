@@ -37,6 +37,7 @@ CLASSES_KEY = b"mocolab.classes"
 class ImageIndex:
     name: str  # imagefolder | parquet
     split: str
+    folder: str  # the split's folder name under root: train, test or val
     refs: tuple[str, ...]
     labels: np.ndarray  # int64, one per reference
     classes: int
@@ -64,20 +65,32 @@ def build_index(name: str, root: str, split: str, image_size: int) -> ImageIndex
     base = Path(root)
     folder = split_folder(base, split)
     if not folder.is_dir():
-        raise ValueError(f"data.root: {name} {root!r} has no {folder.name}/ folder for split {split!r}")
+        expected = "train/" if split == "train" else "test/ or val/"
+        layout = ("ImageNet-style root/train/<class>/*.jpg and root/val/<class>/*.jpg" if name == "imagefolder"
+                  else "root/train/*.parquet and root/val/*.parquet")
+        raise ValueError(f"data.root: {name} {root!r} has no {expected} folder for split {split!r} "
+                         f"(expected {layout})")
     if name == "imagefolder":
         from .data import _class_dirs, _image_files
 
+        # Labels come from train/'s class list when it exists, so that train and
+        # val agree on the index of every class even if val lacks one.
         class_source = base / "train" if (base / "train").is_dir() else folder
         classes = _class_dirs(class_source)
+        if not classes:
+            raise ValueError(f"data.root: imagefolder {root!r} has no class folders in {class_source.name}/ "
+                             "(expected root/train/<class>/*.jpg)")
         index = {c: i for i, c in enumerate(classes)}
         refs: list[str] = []
         labels: list[int] = []
         for cls in _class_dirs(folder):
             if cls not in index:
                 raise ValueError(f"data.root: class folder {folder.name}/{cls} of {root!r} is not among the "
-                                 f"{class_source.name}/ classes")
-            files = _image_files(folder / cls)
+                                 f"{class_source.name}/ classes {classes}")
+            try:
+                files = _image_files(folder / cls)
+            except OSError as exc:
+                raise ValueError(f"data.root: cannot list {str(folder / cls)!r}: {exc}") from exc
             refs += [str(f) for f in files]
             labels += [index[cls]] * len(files)
         n_classes = len(classes)
@@ -103,8 +116,13 @@ def build_index(name: str, root: str, split: str, image_size: int) -> ImageIndex
     else:
         raise ValueError(f"data.name: {name!r} has no file index (imagefolder and parquet do)")
     if not refs:
-        raise ValueError(f"data.root: {name} {root!r} holds no images under {folder.name}/")
-    return ImageIndex(name, split, tuple(refs), np.asarray(labels, dtype=np.int64), n_classes, image_size)
+        from .data import IMAGE_EXTENSIONS
+
+        what = f"readable images ({', '.join(IMAGE_EXTENSIONS)})" if name == "imagefolder" else "images"
+        where = f"{folder.name}/<class>/" if name == "imagefolder" else f"{folder.name}/"
+        raise ValueError(f"data.root: {name} {root!r} holds no {what} under {where}")
+    return ImageIndex(name, split, folder.name, tuple(refs), np.asarray(labels, dtype=np.int64), n_classes,
+                      image_size)
 
 
 def _decode_bytes(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
@@ -119,6 +137,12 @@ def _decode_bytes(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.T
     if img.ndim == 4:  # animated GIF: first frame
         img = img[0]
     return _resize_uint8(_to_uint8(img).unsqueeze(0), size)[0]
+
+
+def decode_file(path: str, size: int) -> torch.Tensor:
+    """One image file as uint8 3×size×size; raises what the codec raises for a file it cannot read."""
+    with open(path, "rb") as fh:
+        return _decode_bytes(fh.read(), size)
 
 
 def decode(refs: Sequence[str], size: int) -> tuple[torch.Tensor, list[str]]:
@@ -136,8 +160,7 @@ def decode(refs: Sequence[str], size: int) -> tuple[torch.Tensor, list[str]]:
             by_group[(file, int(group))].append((i, int(row)))
             continue
         try:
-            with open(ref, "rb") as fh:
-                out[i] = _decode_bytes(fh.read(), size)
+            out[i] = decode_file(ref, size)
         except Exception:  # noqa: BLE001 - a corrupt file in a million is not fatal
             bad.append(ref)
     if by_group:

@@ -13,7 +13,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from . import data as datasets
@@ -26,7 +25,7 @@ from .hardware import resolve_device, resolve_precision
 from .models import build_encoder
 from .moco import MoCo
 from .schedule import lr_at
-from .sources import STREAMABLE, MemorySource, TrainSource, eval_order
+from .sources import STREAMABLE, MemorySource, TrainSource, subset_positions
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
 # a uniform guess, so 10× that is far outside anything training produces.
@@ -96,7 +95,7 @@ def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
     stored in class order (imagefolder, parquet), as the streaming loader takes."""
     if n is None or n >= len(ds):
         return ds
-    idx = torch.from_numpy(np.sort(eval_order(len(ds), n))) if ds.name in STREAMABLE else slice(0, n)
+    idx = torch.from_numpy(subset_positions(len(ds), n)) if ds.name in STREAMABLE else slice(0, n)
     return datasets.ImageDataset(ds.images[idx], ds.labels[idx], ds.classes, ds.name, ds.skipped)
 
 

@@ -80,10 +80,10 @@ def eval_order(n_total: int, n: int | None) -> np.ndarray:
     return np.random.default_rng(EVAL_SUBSET_SEED).permutation(n_total)[:n]
 
 
-def rank_positions(perm: torch.Tensor, step: int, batch: int, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's slice of global batch ``step``: the one rule both loaders follow."""
-    start = step * batch * world_size + rank * batch
-    return perm[start:start + batch]
+def subset_positions(n_total: int, n: int) -> np.ndarray:
+    """``data.subset`` of a set stored in class order: a fixed random n, kept in stored order
+    (the first n would be the first classes only). Both loaders take it."""
+    return np.sort(eval_order(n_total, n))
 
 
 class MemorySource:
@@ -103,9 +103,9 @@ class MemorySource:
                 for split, ds in (("train", self.train), ("test", self.test)) if ds.skipped]
 
     def epoch(self, generator, batch, rank, world_size, start_step):
-        perm = torch.randperm(self.size, generator=generator)
-        for step in range(start_step, self.size // (batch * world_size)):
-            yield self.train.images[rank_positions(perm, step, batch, rank, world_size)]
+        for images, _, _ in datasets.iterate_batches(self.train, batch, generator, rank=rank,
+                                                     world_size=world_size, start=start_step):
+            yield images
 
     def eval_split(self, split, n):
         ds = self.train if split == "train" else self.test

@@ -2,7 +2,7 @@
 
 Order: per epoch one permutation of the whole index (a full shuffle, drawn
 from (seed, epoch) exactly as the in-memory loader draws it), cut into global
-batches, of which each rank takes its own slice (sources.rank_positions). A
+batches, of which each rank takes its own slice (data.rank_positions). A
 full shuffle of the index costs 8 bytes per image, not the image: so the
 papers' i.i.d. order is kept, instead of the weaker order of a shuffle buffer
 over file order, and every rank's epoch has the same length by construction.
@@ -22,6 +22,7 @@ the dataset size.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
 import numpy as np
@@ -29,7 +30,8 @@ import torch
 
 from ..config import Config
 from ..image_index import ImageIndex, build_index, decode
-from ..sources import eval_order, rank_positions
+from ..data import rank_positions
+from ..sources import eval_order, subset_positions
 
 EVAL_CHUNK = 256  # images per decode task in an evaluation pass
 
@@ -63,9 +65,8 @@ class StreamSource:
         size = d.image_size or DEFAULT_IMAGEFOLDER_SIZE
         train = build_index(d.name, d.root, "train", size)
         if d.subset is not None and d.subset < len(train):  # a fixed random subset, not the first classes
-            keep = np.sort(eval_order(len(train), d.subset))
-            train = ImageIndex(train.name, train.split, tuple(train.refs[i] for i in keep), train.labels[keep],
-                               train.classes, size)
+            keep = subset_positions(len(train), d.subset)
+            train = dataclasses.replace(train, refs=tuple(train.refs[i] for i in keep), labels=train.labels[keep])
         return cls(train, build_index(d.name, d.root, "test", size), tasks=d.stream_tasks)
 
     def notes(self) -> list[str]:
