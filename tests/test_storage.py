@@ -38,6 +38,10 @@ def test_a_location_reads_and_writes_on_s3(s3_server):
     assert str(loc) == "s3://mocolab/x/run-1" and "secret" not in str(loc)
     with pytest.raises(ValueError, match="run.output_dir: .* is not a storage URI pyarrow can open"):
         Location("nosuchscheme://x/y")
+    dead = Location("s3://k:secret@mocolab/x?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1")
+    with pytest.raises(ValueError, match=r"^--storage: s3://mocolab/x does not answer \(") as err:
+        dead.check("--storage")
+    assert "secret" not in str(err.value)
 
 
 @pytest.mark.slow

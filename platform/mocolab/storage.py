@@ -51,6 +51,16 @@ class Location:
         else:
             self.root = str(Path(location).expanduser())
 
+    def check(self, field: str = "run.output_dir") -> None:
+        """Fail before any work when the storage does not answer (a clear error, not a traceback)."""
+        if not self.remote:
+            return
+        try:
+            self.fs.get_file_info(self.root)
+        except OSError as err:
+            raise ValueError(f"{field}: {self} does not answer ({err}); check the endpoint and the "
+                             f"credentials (environment, or the URI's query)") from None
+
     def __str__(self) -> str:
         return shown(self.location)
 

@@ -103,6 +103,7 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
         check_tracking_uri(uri)
     name = cfg.run_name
     storage = Location(cfg.run.output_dir)  # a folder, or any URI Ray Train writes to (s3://, gs://, ...)
+    storage.check()
     workers = cfg.run.num_workers
     if workers > 0:  # a request the cluster can never place is an error now, not a hang later
         check_device(cfg.run.device, cfg.run.gpus_per_worker)

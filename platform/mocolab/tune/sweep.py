@@ -235,6 +235,7 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
 
     check_job_paths({"--storage": None if is_uri(sweep.storage) else sweep.storage,
                      "--tracking-uri": local_store_path(sweep.tracking_uri)})
+    Location(sweep.storage).check("--storage")
     from ..train.resources import check_device, check_placement, node_capacities
 
     ensure_ray()
