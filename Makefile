@@ -10,9 +10,9 @@ MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
 FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: setup data run test test-fast train clean
+.PHONY: setup data postgres run test test-fast train clean
 
-setup: $(STAMP) data
+setup: $(STAMP) data postgres
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,19 @@ data: $(STAMP)
 	else \
 	  echo "Fashion-MNIST: downloading into $(MOCOLAB_DATA)"; \
 	  $(PY) -c "import torchvision; torchvision.datasets.FashionMNIST('$(MOCOLAB_DATA)', download=True)"; \
+	fi
+
+# PostgreSQL server binaries for `mocolab cluster` (MLflow's store) and its tests: Debian's package
+# where apt-get works and we are root; else the cluster falls back to sqlite and those tests skip.
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1; then \
+	  echo "PostgreSQL: present"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "PostgreSQL: apt-get install postgresql"; \
+	  (apt-get install -y -qq postgresql >/dev/null 2>&1 || \
+	   (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null)); \
+	else \
+	  echo "PostgreSQL: not installed (mocolab cluster uses sqlite; its PostgreSQL tests skip)"; \
 	fi
 
 # The main job: the momentum ablation on the cpu-quick preset, local Ray, local MLflow store.

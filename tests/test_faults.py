@@ -82,6 +82,12 @@ def test_requests_the_cluster_can_never_meet_are_errors(tmp_path, ray_session):
     with pytest.raises(ValueError, match="at most 4 such worker"):  # per-node sizes count, not only the total
         check_placement(5, 1.5, 0.0, nodes=[{"CPU": 2.0, "GPU": 0.0}] * 4)  # 8 CPUs, but one worker a node
     check_placement(4, 1.5, 0.0, nodes=[{"CPU": 2.0, "GPU": 0.0}] * 4)
+    # strict_spread: one worker per node; two nodes cannot host three, whatever their CPUs
+    with pytest.raises(ValueError, match=r"run.placement=strict_spread .* only 2 node\(s\) can take one"):
+        check_placement(3, 1.0, 0.0, nodes=[{"CPU": 8.0, "GPU": 0.0}] * 2, placement="strict_spread")
+    check_placement(3, 1.0, 0.0, nodes=[{"CPU": 8.0, "GPU": 0.0}] * 2, placement="spread")
+    with pytest.raises(ValueError, match=r"run.placement: unknown value 'scatter'; choose one of \['pack', 'spread', 'strict_spread'\]"):
+        build_config("smoke", {"run.placement": "scatter"})
     # through fit, against the real local Ray: refused before any MLflow run exists
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for over, match in (({"run.num_workers": 1, "run.gpus_per_worker": 1, "run.device": "auto"}, "GPU"),

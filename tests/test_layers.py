@@ -28,6 +28,7 @@ def _loaded(module: str) -> dict[str, bool]:
 @pytest.mark.parametrize("module, mlflow_allowed", [
     ("mocolab.loop", False), ("mocolab.moco", False), ("mocolab.dist", False), ("mocolab.config", False),
     ("mocolab.analysis", False), ("mocolab.report", True), ("mocolab.tracking", True), ("mocolab.cli", False),
+    ("mocolab.cluster", False),
 ])
 def test_import_loads_neither_ray_nor_mlflow(module, mlflow_allowed):
     loaded = _loaded(module)
@@ -67,8 +68,8 @@ def test_only_tracking_imports_mlflow():
     assert offenders == []
 
 
-def test_tracking_and_analysis_never_import_ray():
-    for under in ("tracking", "analysis"):
+def test_tracking_analysis_and_cluster_never_import_ray():
+    for under in ("tracking", "analysis", "cluster"):  # cluster/ starts Ray and MLflow as programs only
         files = _files(under=under)
         assert files, under
         offenders = [str(f.relative_to(PACKAGE)) for f in files

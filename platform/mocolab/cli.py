@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -10,7 +11,8 @@ from .config import CHOICES, build_config, list_presets
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg = build_config(args.preset, (args.set or []) + ([f"run.output_dir={args.storage}"] if args.storage else []))
+    storage = args.storage or os.environ.get("MOCOLAB_STORAGE")  # a cluster's shared storage, set once per node
+    cfg = build_config(args.preset, (args.set or []) + ([f"run.output_dir={storage}"] if storage else []))
     if args.print_config:
         for key, value in cfg.flatten().items():
             print(f"{key} = {value}")
@@ -56,6 +58,68 @@ def _report(args: argparse.Namespace) -> int:
     return 0 if rep.trials else 1
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    from .cluster import LocalCluster
+
+    cluster = LocalCluster(args.dir)
+    if args.action == "up":
+        cluster.up(workers=args.workers, cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+                   head_cpus=args.head_cpus, backend=args.backend, port=args.port, dashboard_port=args.dashboard_port,
+                   mlflow_port=args.mlflow_port, postgres_port=args.postgres_port,
+                   object_store_mb=args.object_store_mb)
+    elif args.action == "down":
+        cluster.down(purge=args.purge)
+    elif args.action == "status":
+        if cluster.state is None:
+            print(f"no cluster in {cluster.dir}")
+            return 1
+        for line in cluster.describe():
+            print(line)
+        return 0 if cluster.running() else 1
+    elif args.action == "add-worker":
+        cluster.add_worker(args.cpus, args.gpus)
+    elif args.action == "remove-worker":
+        cluster.remove_worker(args.name)
+    return 0
+
+
+def _cluster_parser(sub) -> None:
+    from .cluster import DEFAULT_DIR
+
+    cl = sub.add_parser("cluster", help="a Ray head, N worker nodes and an MLflow server (PostgreSQL or sqlite) "
+                        "on this machine, all on 127.0.0.1: the cluster topology without Docker")
+    actions = cl.add_subparsers(dest="action", required=True)
+    parsers = {
+        "up": actions.add_parser("up", help="start the cluster and print the `ray job submit` command to use"),
+        "down": actions.add_parser("down", help="stop what `up` started, and nothing else"),
+        "status": actions.add_parser("status", help="what is up, and the submit command (exit 1 if nothing runs)"),
+        "add-worker": actions.add_parser("add-worker", help="start one more worker node (a machine joining)"),
+        "remove-worker": actions.add_parser("remove-worker", help="kill a worker node as a machine failure would"),
+    }
+    for p in parsers.values():
+        p.add_argument("--dir", default=str(DEFAULT_DIR),
+                       help=f"the cluster's folder: its record, logs, MLflow store, shared storage (default {DEFAULT_DIR})")
+    up = parsers["up"]
+    up.add_argument("--workers", type=int, default=2, help="worker nodes (default 2)")
+    up.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each worker node offers (default 1)")
+    up.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs each worker node offers (default 0)")
+    up.add_argument("--head-cpus", type=float, default=0.0,
+                    help="CPUs the head offers for work (default 0: the head only coordinates, as on a cluster)")
+    up.add_argument("--backend", default="auto", help="MLflow store: postgres, sqlite, or auto (postgres where "
+                    "its server binaries are installed)")
+    up.add_argument("--port", type=int, default=6379, help="Ray GCS port (default 6379; 0 = any free port)")
+    up.add_argument("--dashboard-port", type=int, default=8265, help="Ray dashboard and job port (default 8265)")
+    up.add_argument("--mlflow-port", type=int, default=5000, help="MLflow server port (default 5000)")
+    up.add_argument("--postgres-port", type=int, default=0, help="PostgreSQL port (default 0: any free port)")
+    up.add_argument("--object-store-mb", type=int, default=1024, help="Ray object store per node (default 1024)")
+    parsers["down"].add_argument("--purge", action="store_true",
+                                 help="also delete the MLflow store, artifacts, checkpoints and logs")
+    parsers["add-worker"].add_argument("--cpus", type=float, default=1.0, help="CPUs it offers (default 1)")
+    parsers["add-worker"].add_argument("--gpus", type=float, default=0.0, help="GPUs it offers (default 0)")
+    parsers["remove-worker"].add_argument("name", help="the node's name in `mocolab cluster status` (worker1, ...)")
+    cl.set_defaults(func=_cluster)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mocolab", description="Momentum Contrast experiments.")
     parser.add_argument("--version", action="version", version=f"mocolab {__version__}")
@@ -71,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a config field, e.g. --set moco.m=0.9 (repeatable)")
     tr.add_argument("--storage", default=None, metavar="FOLDER_OR_URI",
                     help="where checkpoints live (run.output_dir): a folder, or any URI Ray Train writes to "
-                         "(s3://bucket/runs, gs://..., file:///...)")
+                         "(s3://bucket/runs, gs://..., file:///...); default $MOCOLAB_STORAGE, else run.output_dir")
     tr.add_argument("--print-config", action="store_true", help="print the resolved config first")
     tr.add_argument("--measure-init", action="store_true",
                     help="also measure kNN top-1 before training (with --in-process)")
@@ -88,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     rp.add_argument("--ui-url", default="http://127.0.0.1:5000", help="MLflow UI address for the run links")
     rp.set_defaults(func=_report)
+    _cluster_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -35,10 +35,13 @@ from .storage import is_uri
 PRESET_DIR = Path(__file__).with_name("presets")
 
 # Config fields with a closed set of values -> the values (validation and the CLI's help read this).
+PLACEMENTS = ("pack", "spread", "strict_spread")  # Ray placement of a run's workers over nodes
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.name": DATASETS, "augment.preset": AUGMENT_PRESETS, "model.backbone": BACKBONES, "model.head": HEADS,
     "moco.bn": BN_MODES, "queue.policy": QUEUE_POLICIES, "queue.layout": QUEUE_LAYOUTS,
     "optim.schedule": LR_SCHEDULES, "run.device": DEVICES, "run.precision": PRECISIONS, "data.loader": LOADERS,
+    "run.placement": PLACEMENTS,
 }
 
 
@@ -118,6 +121,9 @@ class RunConfig:
     threads: int = 0  # torch threads per worker; 0 = its CPU share
     cpus_per_worker: float = 1.0  # Ray CPU resources per worker (fractions let trials share cores)
     gpus_per_worker: float = 0.0
+    # pack: fill a node first (fewest network hops); spread: one worker per node where it can (a node's
+    # loss takes one rank, not all); strict_spread: never two on one node (waits for enough nodes)
+    placement: str = "pack"
     name: str | None = None  # the run's name: the same name resumes it; None = derived from the config
     preset: str = "default"
     output_dir: str = "runs"  # Ray Train storage: checkpoints live in <output_dir>/<name>/
@@ -415,7 +421,7 @@ def validate(cfg: Config) -> Config:
 
 # Fields that may change between attempts of one run without changing what it computes: a resume
 # ignores them.  Every other field is part of the run's identity (``fingerprint``).
-RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.output_dir",
+RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.placement", "run.output_dir",
                     "run.keep_checkpoints", "run.checkpoint_every", "run.fault_step", "run.preset", "run.name",
                     "data.loader", "data.memory_budget_mb", "data.stream_tasks")  # how, not what, is read
 

@@ -108,7 +108,8 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     if workers > 0:  # a request the cluster can never place is an error now, not a hang later
         check_device(cfg.run.device, cfg.run.gpus_per_worker)
         ensure_ray()
-        check_placement(workers, cfg.run.cpus_per_worker, cfg.run.gpus_per_worker, what=f"run '{name}'")
+        check_placement(workers, cfg.run.cpus_per_worker, cfg.run.gpus_per_worker, what=f"run '{name}'",
+                        placement=cfg.run.placement)
     run_dir = storage.child(name)
     with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
         _check_resume(cfg, run_dir)
@@ -152,7 +153,8 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
             train_loop_config={"config": cfg.to_dict(), "mlflow_run_id": run_id, "tracking_uri": uri,
                                "run_dir": run_dir.location},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
-                                         resources_per_worker=resources if workers else None),
+                                         resources_per_worker=resources if workers else None,
+                                         placement_strategy=cfg.run.placement.upper()),
             run_config=RunConfig(name=name, storage_path=cfg.run.output_dir,
                                  failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),

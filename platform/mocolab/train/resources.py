@@ -20,7 +20,7 @@ def node_capacities() -> list[dict[str, float]]:
 
 
 def check_placement(workers: int, cpus_per_worker: float, gpus_per_worker: float, *, extra_cpus: float = 0.0,
-                    nodes: list[dict[str, float]] | None = None, what: str = "run") -> None:
+                    nodes: list[dict[str, float]] | None = None, what: str = "run", placement: str = "pack") -> None:
     """Raise ValueError, naming what was asked and what exists, if ``workers`` workers of
     (``cpus_per_worker`` CPU, ``gpus_per_worker`` GPU) plus ``extra_cpus`` can never be placed."""
     if cpus_per_worker <= 0:
@@ -41,6 +41,12 @@ def check_placement(workers: int, cpus_per_worker: float, gpus_per_worker: float
         by_cpu = math.floor(n["CPU"] / cpus_per_worker + 1e-9)
         by_gpu = math.floor(n["GPU"] / gpus_per_worker + 1e-9) if gpus_per_worker > 0 else by_cpu
         fit += min(by_cpu, by_gpu)
+    if placement == "strict_spread":  # one worker per node, never two: the nodes that take one must suffice
+        hosts = sum(1 for n in nodes if n["CPU"] >= cpus_per_worker - 1e-9
+                    and (gpus_per_worker <= 0 or n["GPU"] >= gpus_per_worker - 1e-9))
+        if hosts < workers:
+            raise ValueError(f"{asked} with run.placement=strict_spread (one per node), but only {hosts} node(s) "
+                             f"can take one ({have}); use run.placement=spread or add nodes")
     total_cpu = sum(n["CPU"] for n in nodes)
     if fit < workers or workers * cpus_per_worker + extra_cpus > total_cpu + 1e-9:
         raise ValueError(f"{asked}, but the cluster can place at most {fit} such worker(s) ({have}); "

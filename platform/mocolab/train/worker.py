@@ -82,6 +82,21 @@ class MemoryWatch:
         self.peak = max(self.peak, self.private_mb())
 
 
+def worker_nodes() -> str:
+    """Every rank's Ray node id (first 12 hex digits), in rank order: what SPREAD placement did."""
+    import ray
+    import torch.distributed as tdist
+
+    if not ray.is_initialized():  # Ray Train's local mode (W = 0) may run without Ray
+        return "this process"
+    mine = ray.get_runtime_context().get_node_id()[:12]
+    if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() == 1:
+        return mine
+    every: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(every, mine)
+    return ",".join(every)
+
+
 def open_source(cfg: Config, say=None) -> TrainSource | None:
     """The streaming source when ``data.loader`` resolves to stream; None lets the Trainer decode into memory."""
     d = cfg.data
@@ -132,6 +147,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
     logger = None
     if trainer.is_main and loop_config.get("mlflow_run_id"):
         logger = MetricsLogger(loop_config["tracking_uri"], loop_config["mlflow_run_id"])
+    nodes = worker_nodes()
+    if trainer.is_main:
+        print(f"workers on Ray nodes (rank order): {nodes}" + (f"; resuming at step {trainer.step}" if state else ""))
+        if logger is not None:  # where this attempt's ranks ran (after a node loss: where they run now)
+            logger.set_tag("mocolab.worker_nodes", nodes)
     every = cfg.run.checkpoint_every
     keep = run_dir if cfg.run.num_workers == 0 else None
 

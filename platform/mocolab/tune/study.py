@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +37,9 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
     p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per worker (default 0)")
     p.add_argument("--max-concurrent", type=int, default=None,
                    help="trials at once (default: as many as the CPUs hold)")
-    p.add_argument("--storage", default="runs/sweeps", help="where Tune and Train keep sweep state")
+    p.add_argument("--storage", default=os.environ.get("MOCOLAB_STORAGE", "runs/sweeps"),
+                   help="where Tune and Train keep sweep state: a folder all nodes share, or a URI "
+                        "(default $MOCOLAB_STORAGE, else runs/sweeps)")
     p.add_argument("--stop-after", type=int, default=None,
                    help="end after N trials have finished; run the same command again to continue")
     p.set_defaults(default_name=default_name)
