@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import pytest
 import ray
 import yaml
 
+from conftest import kill_processes_with_env
 from mocolab.tune.study import study_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,14 +247,7 @@ def test_ray_node_entrypoint_starts_a_head_with_token_auth(tmp_path, free_port):
         assert "--num-cpus 0" in log.read_text()  # the head only coordinates
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # `ray start --block` alone: it stops its children
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        from conftest import kill_processes_with_env
-
-        kill_processes_with_env("RAY_AUTH_TOKEN", "t" * 32)
-        import shutil
-
+            os.killpg(proc.pid, signal.SIGKILL)  # the node and everything it started: nothing to keep
+        proc.wait(timeout=60)
+        kill_processes_with_env("RAY_AUTH_TOKEN", "t" * 32)  # whatever left the group
         shutil.rmtree(temp, ignore_errors=True)

@@ -203,6 +203,9 @@ class LocalCluster:
                              f"stop it with: mocolab cluster down --dir {self.dir}")
         if backend == "auto":
             backend = "postgres" if find_bindir() is not None else "sqlite"
+        if self.state is not None:  # the record of a cluster that no longer runs (a reboot): clear its remains
+            self.say(f"cluster: {self.dir} records a cluster that is not running; clearing what is left of it")
+            self.down()
         ports = {"--port": _port("--port", port), "--dashboard-port": _port("--dashboard-port", dashboard_port),
                  "--mlflow-port": _port("--mlflow-port", mlflow_port)}
         if len(set(ports.values())) < len(ports):
@@ -261,7 +264,8 @@ class LocalCluster:
         s = self.state
         pg = self._postgres()
         env = self._env(**(pg.env() if pg else {}))
-        cmd = [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(s.mlflow_port), "--workers", "2",
+        workers = "2" if s.backend == "postgres" else "1"  # sqlite takes one writer at a time
+        cmd = [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(s.mlflow_port), "--workers", workers,
                "--backend-store-uri", s.store_uri, "--artifacts-destination", str(self.dir / "mlflow-artifacts")]
         s.mlflow_pid = self._spawn(cmd, self.dir / "logs" / "mlflow.log", env)
         s.save()

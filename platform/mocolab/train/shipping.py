@@ -33,7 +33,7 @@ NODE_REQUIREMENTS: dict[str, str] = {
     "torch": "torch", "torchvision": "torchvision", "kornia": "kornia", "numpy": "numpy", "pyyaml": "yaml",
     "ray": "ray", "mlflow": "mlflow", "pandas": "pandas", "pyarrow": "pyarrow",
 }
-DRIVER_ONLY = ("matplotlib", "scipy", "optuna")
+DRIVER_ONLY = ("matplotlib", "scipy", "optuna", "psycopg2-binary")  # psycopg2: where the MLflow server runs
 # Must equal the driver's: tensors, checkpoints and collectives cross these, and Ray refuses other versions.
 EXACT = ("python", "torch", "torchvision", "ray")
 
