@@ -93,18 +93,10 @@ def kill_processes_with_env(key: str, value: str, timeout: float = 30.0) -> int:
     How a test stops a daemonised ``ray start`` it made (its own RAY_TMPDIR) without ``ray stop``,
     which would stop every Ray on the machine.
     """
-    needle = f"{key}={value}".encode()
+    from mocolab.cluster.local import pids_with_env
 
     def matching() -> list[int]:
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and int(entry.name) != os.getpid():
-                try:
-                    if needle in (entry / "environ").read_bytes().split(b"\0"):
-                        pids.append(int(entry.name))
-                except OSError:
-                    pass
-        return pids
+        return pids_with_env(key, value)
 
     found = matching()
     for sig in (signal.SIGTERM, signal.SIGKILL):

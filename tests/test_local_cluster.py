@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import kill_processes_with_env
 from mocolab.cluster import LocalCluster
-from mocolab.cluster.local import MARKER, _marked_pids
+from mocolab.cluster.local import MARKER, pids_with_env
 from mocolab.cluster.postgres import Postgres, data_folder, find_bindir
 from mocolab.data import fashion_mnist_dir
 from test_cluster import repo_copy
@@ -51,10 +51,6 @@ def fresh_home() -> Path:
 def client_env(home: Path) -> dict[str, str]:
     return {"HOME": str(home), "PATH": f"{BIN}:/usr/bin:/bin", "LANG": "C.UTF-8",
             "MOCOLAB_DATA": str(fashion_mnist_dir())}
-
-
-def leftovers(cluster_id: str) -> list[int]:
-    return _marked_pids(cluster_id)
 
 
 def metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -221,4 +217,4 @@ def test_spread_run_survives_node_loss_into_one_mlflow_run(tmp_path):
         shutil.rmtree(home, ignore_errors=True)
     assert down.returncode == 0 and "cluster: stopped" in down.stdout, down.stdout + down.stderr
     assert ident is not None
-    assert leftovers(ident) == [], f"processes carrying {MARKER}={ident} outlived `down`"
+    assert pids_with_env(MARKER, ident) == [], f"processes carrying {MARKER}={ident} outlived `down`"

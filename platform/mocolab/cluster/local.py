@@ -68,6 +68,11 @@ class State:
     next_worker: int = 1
 
     @property
+    def nodes(self) -> list[Node]:
+        """The head (once started) and the worker nodes."""
+        return ([self.head] if self.head else []) + self.workers
+
+    @property
     def dashboard(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
@@ -132,8 +137,10 @@ def _bin(name: str) -> str:
     return str(here) if here.exists() else (shutil.which(name) or name)
 
 
-def _marked_pids(marker: str) -> list[int]:
-    needle = f"{MARKER}={marker}".encode()
+def pids_with_env(key: str, value: str) -> list[int]:
+    """Processes (other than this one) whose environment holds ``key=value``: how what a cluster (or a
+    test) started is found again, whatever process group or parent it ended up under."""
+    needle = f"{key}={value}".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
@@ -338,8 +345,7 @@ class LocalCluster:
 
     def _pids(self) -> list[int]:
         s = self.state
-        nodes = ([s.head] if s.head else []) + s.workers
-        return [n.pid for n in nodes] + ([s.mlflow_pid] if s.mlflow_pid else [])
+        return [n.pid for n in s.nodes] + ([s.mlflow_pid] if s.mlflow_pid else [])
 
     def _mlflow_healthy(self) -> bool:
         try:
@@ -366,7 +372,7 @@ class LocalCluster:
         """Node name (head, worker1, ...) -> Ray node id, for this cluster's running nodes.  Read from the
         node's own session folder (Ray names files there after its node id): no lag, unlike the dashboard."""
         out = {}
-        for node in ([self.state.head] if self.state.head else []) + self.state.workers:
+        for node in self.state.nodes:
             if _alive(node.pid):
                 found = sorted(Path(node.temp, "session_latest").glob("metrics_export_port_*"))
                 if found:
@@ -458,7 +464,7 @@ class LocalCluster:
             for p in self._pids():
                 self._reap(p)
             time.sleep(0.3)
-        left = _marked_pids(s.id)
+        left = pids_with_env(MARKER, s.id)
         for pid in left:  # whatever outlived that (a stray Ray worker): killed
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -467,7 +473,7 @@ class LocalCluster:
         pg = self._postgres()
         if pg is not None:
             pg.remove() if purge else pg.stop()
-        for node in ([s.head] if s.head else []) + s.workers:
+        for node in s.nodes:
             shutil.rmtree(node.temp, ignore_errors=True)
         if purge:
             for sub in ("storage", "mlflow-artifacts", "logs", "mlflow.db"):

@@ -66,9 +66,8 @@ def data_folder(cluster_dir: Path) -> Path:
     user = _run_as()
     if user is None:
         return wanted
-    probe = cluster_dir
-    probe.mkdir(parents=True, exist_ok=True)
-    if _reachable_by(user, probe):  # it can enter the folder: its own data folder goes inside
+    cluster_dir.mkdir(parents=True, exist_ok=True)
+    if _reachable_by(user, cluster_dir):  # it can enter the folder: its own data folder goes inside
         return wanted
     home = Path(pwd.getpwnam(user).pw_dir)
     return home / f"mocolab-{hashlib.sha256(str(cluster_dir).encode()).hexdigest()[:12]}"
