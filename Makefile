@@ -10,9 +10,9 @@ MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
 FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: setup data postgres run test test-fast train clean
+.PHONY: setup data postgres chromium run test test-fast train clean
 
-setup: $(STAMP) data postgres
+setup: $(STAMP) data postgres chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,19 @@ postgres:
 	   (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null)); \
 	else \
 	  echo "PostgreSQL: not installed (mocolab cluster uses sqlite; its PostgreSQL tests skip)"; \
+	fi
+
+# Chromium for the MLflow UI test (tests/test_mlflow_ui.py drives it headless with Playwright): Debian's
+# package where apt-get works and we are root; else that test skips.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+	  echo "Chromium: present"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "Chromium: apt-get install chromium"; \
+	  (apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); \
+	else \
+	  echo "Chromium: not installed (the MLflow UI test skips)"; \
 	fi
 
 # The main job: the momentum ablation on the cpu-quick preset, local Ray, local MLflow store.

@@ -67,6 +67,8 @@ def check_study_in_mlflow(uri: str, labels: list[str]) -> None:
     assert sorted(r.data.tags["trial"] for r in children) == sorted(labels)
     assert all(r.info.status == "FINISHED" and "linear_top1" in r.data.metrics for r in children)
     assert all(r.data.tags.get("ray_job_id") for r in children)
+    # submitted with `ray job submit`: MLflow's source type says so, on the parent and every trial
+    assert all(r.data.tags.get("mlflow.source.type") == "JOB" for r in runs), [r.data.tags for r in runs]
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"summary.csv", "summary.json", "momentum.png"} <= artifacts
 

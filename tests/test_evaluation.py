@@ -64,3 +64,37 @@ def test_extract_features_uses_eval_mode_and_restores_it():
     f_split = extract_features(net, x, batch_size=3)  # eval-mode BN: batching does not matter
     torch.testing.assert_close(f_all, f_split)
     assert net.training and f_all.shape == (10, 3 * 4 * 4)
+
+
+def test_linear_probe_matches_scikit_learn_on_real_features():
+    """The probe's objective (mean cross-entropy + wd/2·|W|², bias free, on features standardised by the
+    training mean and std) is sklearn's multinomial LogisticRegression with C = 1/(wd·n): both solve one
+    strictly convex problem, so on the same features they must give the same weights and predictions."""
+    from sklearn.linear_model import LogisticRegression
+
+    from mocolab.data import load_dataset
+    from mocolab.models import build_encoder
+
+    torch.manual_seed(0)
+    train, test = load_dataset("fashion-mnist", "train"), load_dataset("fashion-mnist", "test")
+    backbone = build_encoder("convnet", 1, width=8).backbone  # a random encoder: features that are not separable
+    f_tr, y_tr = extract_features(backbone, train.images[:1500]), train.labels[:1500]
+    f_te, y_te = extract_features(backbone, test.images[:1000]), test.labels[:1000]
+    wd = 1e-2
+    ours = linear_probe(f_tr, y_tr, f_te, y_te, 10, weight_decay=wd, steps=500)
+
+    x = f_tr.double()
+    mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+    sk = LogisticRegression(C=1.0 / (wd * len(x)), tol=1e-10, max_iter=5000)
+    sk.fit(((x - mean) / std).numpy(), y_tr.numpy())
+    sk_test = float((sk.predict(((f_te.double() - mean) / std).numpy()) == y_te.numpy()).mean())
+    sk_train = float((sk.predict(((x - mean) / std).numpy()) == y_tr.numpy()).mean())
+
+    assert 0.3 < sk_test < 0.95  # a real problem: neither trivial nor hopeless
+    assert abs(ours.test_top1 - sk_test) <= 2 / len(y_te), (ours.test_top1, sk_test)  # at most 2 of 1,000 differ
+    assert abs(ours.train_top1 - sk_train) <= 2 / len(y_tr), (ours.train_top1, sk_train)
+    # sklearn's logits are defined up to a constant per sample: compare weights centred over classes
+    w_ours = ours.weight.T - ours.weight.T.mean(0)
+    w_sk = torch.from_numpy(sk.coef_) - torch.from_numpy(sk.coef_).mean(0)
+    assert torch.allclose(w_ours, w_sk, rtol=0, atol=1e-3 * float(w_sk.abs().max())), \
+        float((w_ours - w_sk).abs().max())

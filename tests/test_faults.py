@@ -240,9 +240,9 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
     seen = []
     try:
         deadline = time.time() + 240
-        for line in proc.stdout:  # wait until a trial is training, then signal the driver
+        for line in proc.stdout:  # wait until a trial is training (its first epoch line), then signal the driver
             seen.append(line)
-            if "epoch" in line and "step" in line and "loss" in line:
+            if "] epoch " in line and "loss" in line:
                 break
             assert time.time() < deadline, "".join(seen[-40:])
         for s in signals:
@@ -265,6 +265,8 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
     assert len(parent) == 1 and parent[0].info.status == "KILLED"
     assert parent[0].data.tags["mocolab.status"] == "interrupted"
     assert (tmp_path / "rel" / "sweeps" / "sig" / "train").is_dir(), "relative storage not under the command's folder"
+    if len(signals) > 1:
+        return  # the resume after an interruption is the same whichever signal it was: checked once, after SIGTERM
 
     again = subprocess.run(_study_cmd(), cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -28,7 +28,7 @@ def _loaded(module: str) -> dict[str, bool]:
 @pytest.mark.parametrize("module, mlflow_allowed", [
     ("mocolab.loop", False), ("mocolab.moco", False), ("mocolab.dist", False), ("mocolab.config", False),
     ("mocolab.analysis", False), ("mocolab.report", True), ("mocolab.tracking", True), ("mocolab.cli", False),
-    ("mocolab.cluster", False),
+    ("mocolab.cluster", False), ("mocolab.export", False),
 ])
 def test_import_loads_neither_ray_nor_mlflow(module, mlflow_allowed):
     loaded = _loaded(module)

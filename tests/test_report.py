@@ -125,3 +125,79 @@ def test_report_command_line(tmp_path, store, capsys):
     assert "report: " in capsys.readouterr().out and (tmp_path / "cli" / "report.html").exists()
     assert main(["report", "--experiment", "nope", "--out", str(tmp_path / "x"), "--tracking-uri", uri]) == 2
     assert "no experiment 'nope'" in capsys.readouterr().err
+
+
+def _running_sweep(uri: str) -> tuple[str, str, str]:
+    """A sweep in progress, as a study leaves it mid-run: parent RUNNING, one trial finished, one at epoch 2."""
+    parent = _fill(uri, "live-study", [(0.9, 0, "finished")])
+    client = MlflowClient(uri)
+    client.update_run(parent, status="RUNNING")
+    cfg = build_config("smoke", {"moco.m": 0.99})
+    run_id, _ = RunTracker(uri, "live-study").start("sweep--m=0.99 seed=0", cfg.flatten(), cfg.to_dict(),
+                                                    tags={"trial": "m=0.99 seed=0"}, parent_run_id=parent,
+                                                    display_name="m=0.99 seed=0")
+    log = MetricsLogger(uri, run_id)
+    for epoch in (1, 2):
+        log.log({"loss": 6.5 - 0.25 * epoch, "knn_top1": 0.5 + 0.1 * epoch}, epoch * 10)
+    return parent, run_id, log
+
+
+def _finish(uri: str, parent: str, run_id: str, log: MetricsLogger) -> None:
+    log.log({"loss": 5.5, "knn_top1": 0.75}, 30)
+    log.log_final({"linear_top1": 0.8, "knn_top1": 0.75, "final_loss": 5.5}, 30)
+    MlflowClient(uri).set_tag(run_id, "mocolab.status", "finished")
+    MlflowClient(uri).set_terminated(run_id, "FINISHED")
+    MlflowClient(uri).set_terminated(parent, "FINISHED")
+
+
+def _row(page: str, label: str) -> str:
+    start = page.index(f"<td>{label}</td>")
+    return page[start:page.index("</tr>", start)]
+
+
+def test_live_report_shows_the_running_trial_then_its_end(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, run_id, log = _running_sweep(uri)
+    rep = build_report("live-study", tmp_path / "out", parent_run=parent, tracking_uri=uri, refresh_s=7,
+                       log_artifacts=False)
+    page = rep.html.read_text()
+    assert rep.live and rep.running == 1
+    assert '<meta http-equiv="refresh" content="7">' in page and "1 trial(s) running" in page
+    row = _row(page, "m=0.99 seed=0")
+    assert '<td class="running">running</td><td>2</td>' in row and "<td>6</td>" in row  # epochs done, latest loss
+    assert '<td class="finished">finished</td><td>3</td>' in _row(page, "m=0.9 seed=0")
+    _finish(uri, parent, run_id, log)
+    rep = build_report("live-study", tmp_path / "out", parent_run=parent, tracking_uri=uri, refresh_s=7,
+                       log_artifacts=False)
+    page = rep.html.read_text()
+    assert not rep.live and "http-equiv" not in page and "Final: nothing is running" in page
+    assert '<td class="finished">finished</td><td>3</td>' in _row(page, "m=0.99 seed=0") and "80.00%" in page
+
+
+@pytest.mark.slow
+def test_report_watch_follows_a_sweep_until_it_ends(tmp_path):
+    """``mocolab report --watch`` in its own process: live while the sweep runs, final when it has ended."""
+    import sys
+    import time
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, run_id, log = _running_sweep(uri)
+    page = tmp_path / "watch" / "report.html"
+    proc = subprocess.Popen([sys.executable, "-m", "mocolab", "report", "--experiment", "live-study", "--parent-run",
+                             parent, "--out", str(page.parent), "--tracking-uri", uri, "--watch", "--interval", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (page.exists() and "running</td>" in page.read_text()):
+            time.sleep(0.3)
+        assert "http-equiv" in page.read_text() and proc.poll() is None  # still watching a live sweep
+        _finish(uri, parent, run_id, log)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    final = page.read_text()
+    assert "http-equiv" not in final and "running</td>" not in final and "80.00%" in final
+    assert "1 running" in out and "report: " in out
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(parent, "report")}
+    assert "report/report.html" in logged  # the final page is the sweep's record, as a study's closing one is

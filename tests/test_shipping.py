@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_node_requirements_cover_every_dependency():
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower() for d in deps}
-    assert names == set(shipping.NODE_REQUIREMENTS) | set(shipping.DRIVER_ONLY)
+    assert names == set(shipping.NODE_REQUIREMENTS) | set(shipping.DRIVER_ONLY) | set(shipping.NODE_OPTIONAL)
 
 
 def test_every_node_is_checked_against_the_drivers_versions(ray_session):

@@ -35,6 +35,15 @@ def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
     assert sorted(m.step for m in client.get_metric_history(out.mlflow_run_id, "loss")) == [8, 10]
     assert run.data.params["run.name"] == "over-http"
     assert (tmp_path / "artifacts").exists()  # the config artifact went through the server
+    # the encoder went through the server too (MLflow's artifact proxy): export and register it from there
+    from mocolab.cli import main
+
+    assert main(["export", out.mlflow_run_id, "--out", str(tmp_path / "export"), "--register", "over-http-enc",
+                 "--tracking-uri", mlflow_server]) == 0
+    assert {p.name for p in (tmp_path / "export").iterdir()} == {"README.md", "backbone.pt", "encoder.pt2",
+                                                                 "classifier.pt2", "config.yaml", "metrics.json"}
+    version = client.get_registered_model("over-http-enc").latest_versions[0]
+    assert version.run_id == out.mlflow_run_id and version.source.startswith("models:/")
 
 
 def test_tracking_uri_resolution(monkeypatch, tmp_path):

@@ -75,7 +75,7 @@ def test_dead_worker_restarts_from_checkpoint_and_completes(tmp_path, ray_sessio
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _cfg(tmp_path, **{"run.num_workers": 2, "moco.bn": "shuffle", "queue.layout": "sharded",
                             "run.checkpoint_every": 4, "run.fault_step": 10, "run.max_failures": 1,
-                            "run.name": "fault-w2", "run.experiment": "test-train"})
+                            "run.name": "fault-w2", "run.experiment": "test-train", "run.system_metrics_s": 1})
     out = fit(cfg, tracking_uri=uri, progress=lambda _m: None)
     marker = tmp_path / "runs" / "fault-w2" / ".fault-injected"
     assert marker.is_file(), "the fault was never injected"
@@ -85,11 +85,52 @@ def test_dead_worker_restarts_from_checkpoint_and_completes(tmp_path, ray_sessio
     assert run.info.status == "FINISHED"
     assert _metric_steps(client, out.mlflow_run_id, "loss") == [16, 24]  # each epoch once: no duplicate, no gap
     assert run.data.params["moco.m"] == "0.99" and run.data.params["queue.layout"] == "sharded"
-    assert run.data.tags["preset"] == "smoke" and run.data.tags["git_commit"]
+    assert run.data.tags["preset"] == "smoke"
     for key in ("linear_top1", "knn_top1", "lr", "m", "images_per_s", "staleness_mean", "staleness_max",
                 "ema_half_life", "max_staleness_bound", "pretext_acc"):
         assert key in run.data.metrics, key
     assert [f.path for f in client.list_artifacts(out.mlflow_run_id)] == ["config.yaml"]
+    _check_hub_records(client, run, out, cfg, tmp_path)
+
+
+def _check_hub_records(client: MlflowClient, run, out, cfg, tmp_path: Path) -> None:
+    """What issue 12 puts on a run: source tags, data digests, machine metrics, checkpoint location, models."""
+    import subprocess
+
+    import mocolab
+    from mocolab.data import load_dataset
+    from mocolab.sources import tensor_digest
+
+    tags = run.data.tags
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+    assert tags["mlflow.source.git.commit"] == head and tags["mocolab.source.git.dirty"] in ("true", "false")
+    assert tags["mlflow.user"] and tags["mlflow.source.name"] and tags["mlflow.source.type"] == "LOCAL"
+    # the data, by content: the digest of the 2,048 training images the run used
+    train = load_dataset("fashion-mnist", "train")
+    inputs = {i.dataset.name: i for i in run.inputs.dataset_inputs}
+    assert inputs["fashion-mnist-train"].dataset.digest == tensor_digest(train.images[:2048], train.labels[:2048])
+    assert [t.value for t in inputs["fashion-mnist-train"].tags] == ["training"]
+    assert "fashion-mnist-test" in inputs
+    # machine metrics sampled on the worker node, every second (run.system_metrics_s=1)
+    cpu = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    assert len(cpu) >= 2 and all(0 <= m.value <= 100 for m in cpu), cpu
+    assert "system/system_memory_usage_megabytes" in run.data.metrics
+    # from the UI to the files: the run's folder and its last checkpoint
+    assert tags["mocolab.checkpoint_dir"] == str(tmp_path / "runs" / "fault-w2")
+    assert tags["mocolab.checkpoint"] == out.checkpoint_path and Path(out.checkpoint_path, "rank0.pt").is_file()
+    # the encoder as an MLflow model: the same features as the checkpoint's encoder
+    trainer = Trainer(cfg)
+    state, _ = load_rank_state(out.checkpoint_path, 0, 2)
+    trainer.encoder.load_state_dict(state["encoder_q"])  # the weights alone (a W = 1 trainer has a whole queue)
+    images = load_dataset("fashion-mnist", "test").images[:64]
+    encoder = mocolab.load_encoder(run.info.run_id, tracking_uri=client.tracking_uri)
+    with torch.no_grad():
+        got = encoder(images.float() / 255)
+    assert torch.allclose(got, trainer.features(images), atol=1e-5), float((got - trainer.features(images)).abs().max())
+    classifier = mocolab.load_encoder(run.info.run_id, tracking_uri=client.tracking_uri, name="classifier")
+    with torch.no_grad():
+        assert classifier(images.float() / 255).shape == (64, 10)
 
 
 @pytest.mark.slow

@@ -157,8 +157,14 @@ def test_queue_study_searches_with_optuna_and_asha(tmp_path):
 @pytest.mark.slow
 @needs_fmnist
 def test_bn_study_logs_pretext_accuracy(tmp_path):
-    res = _study(tmp_path, "augmentation_ablation.py", "--what", "bn", "--set=queue.size=512")
+    """Also what a study prints by default (its own lines, not Ray's), --watch and --register."""
+    res = _study(tmp_path, "augmentation_ablation.py", "--what", "bn", "--set=queue.size=512", "--watch", "2",
+                 "--register", "bn-best")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    _check_console(res.stdout + res.stderr, ["bn=plain seed=0", "bn=split seed=0"])
+    live = tmp_path / "sweeps" / "augmentation-smoke-s0" / "report" / "report.html"
+    assert f"live report: {live}" in res.stdout and live.exists() and "http-equiv" not in live.read_text()
+    assert "Registered the best trial by linear_top1" in res.stdout
     assert "bn=shuffle needs --workers-per-trial >= 2" in res.stdout
     client, parents, children = _parent_and_children(tmp_path, "augmentation-ablation")
     assert sorted(r.data.tags["trial"] for r in children) == ["bn=plain seed=0", "bn=split seed=0"]
@@ -166,3 +172,51 @@ def test_bn_study_logs_pretext_accuracy(tmp_path):
         history = client.get_metric_history(r.info.run_id, "pretext_acc")
         assert history and all(0.0 <= m.value <= 1.0 for m in history)
     assert "pretext %" in res.stdout
+    scores = {r.info.run_id: r.data.metrics["linear_top1"] for r in children}
+    version = client.get_registered_model("bn-best").latest_versions[0]
+    assert scores[version.run_id] == max(scores.values())  # the best (the two may tie on 10 steps)
+
+
+def _check_console(out: str, labels: list[str]) -> None:
+    """One line per trial per epoch and a sweep line, each once; none of Ray's tables and worker logs."""
+    for label in labels:
+        epochs = [line for line in out.splitlines() if line.startswith(f"[{label}] epoch ")]
+        assert [line.split()[3] for line in epochs] == ["1/4", "2/4"], epochs  # TINY: 10 steps = 2 epochs
+        assert "img/s" in epochs[0] and "loss" in epochs[0]
+        assert sum(line.startswith(f"[{label}] finished in ") for line in out.splitlines()) == 1
+    assert f"sweep: {len(labels)}/{len(labels)} trials done, 0 running, 0 pending" in out
+    for noise in ("RayTrainWorker", "Failed to query Ray Train Controller", "╭", "Trial status",
+                  "Reporting training result", "View detailed results"):
+        assert noise not in out, noise
+    assert "--verbose prints it here too" in out
+
+
+def test_sweep_lines_count_trials_and_estimate_what_is_left():
+    """The lines a quiet sweep prints, fed as Tune feeds them (real Tune Trial records, stub trainables)."""
+    from ray.tune.experiment import Trial as TuneTrial
+
+    from mocolab.tune.progress import SweepProgress, fmt_duration
+
+    said: list[str] = []
+    lines = SweepProgress(total_trials=3, epochs=4, say=said.append, every_s=0.0)
+    trials = [TuneTrial("t", config={"trial": {"label": f"m={m}"}}, trial_id=f"id{i}", stub=True)
+              for i, m in enumerate((0.9, 0.99, 0.999))]
+    for t in trials[:2]:
+        t.set_status(TuneTrial.RUNNING)
+        lines.on_trial_start(0, trials, t)
+    assert lines.line(trials).startswith("sweep: 0/3 trials done, 2 running, 1 pending")
+    assert lines.line(trials).endswith("ETA after the first epoch")
+    lines.t0 -= 100  # 100 s in, both running trials half way: 1 of 3 trials' work done, 200 s to go
+    for t in trials[:2]:
+        lines.on_trial_result(0, trials, t, {"epoch": 2, "loss": 7.0, "knn_top1": 0.5, "images_per_s": 600.0})
+    assert said[-4] == "[m=0.9] epoch 2/4  loss 7.0000  kNN 50.00%  600 img/s"
+    assert said[-1].endswith("ETA 3m20s"), said[-1]
+    lines.on_trial_result(0, trials, trials[0], {"final": 1.0, "status": "finished", "linear_top1": 0.8,
+                                                 "knn_top1": 0.7})
+    lines.on_trial_result(0, trials, trials[0], {"final": 1.0, "steps": 12.0, "linear_top1": 0.8})  # Train's own
+    lines.on_trial_complete(0, trials, trials[0])
+    assert said[-2].startswith("[m=0.9] finished in ") and said[-2].endswith("linear top-1 80.00%, kNN top-1 70.00%")
+    assert said[-1].startswith("sweep: 1/3 trials done, 1 running, 1 pending")
+    lines.on_trial_result(0, trials, trials[1], {"epoch": 4, "loss": 6.0, "images_per_s": 600.0})
+    assert "kNN (at the end)" in said[-2] and "ETA" in said[-1]  # its last epoch logged: evaluating, not done
+    assert [fmt_duration(s) for s in (5, 65, 3725)] == ["5s", "1m05s", "1h02m"]

@@ -22,13 +22,15 @@ def _train(args: argparse.Namespace) -> int:
         result = run_training(cfg, measure_init=args.measure_init)
         diverged, steps, loss = result.diverged, result.steps, result.final_loss
     else:
+        if not args.verbose:  # before Ray is imported: its driver reads this once
+            os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_RAY_LINES)
         from .interrupts import closing_on_signals, exit_code
         from .tracking import redact_uri, resolve_tracking_uri
         from .train import fit
 
         with closing_on_signals():
             try:
-                out = fit(cfg, tracking_uri=args.tracking_uri)
+                out = fit(cfg, tracking_uri=args.tracking_uri, ray_train_info=args.verbose)
             except KeyboardInterrupt as err:
                 print(f"interrupted: run '{cfg.run_name}' is marked interrupted in MLflow; the same command "
                       f"resumes it from its latest checkpoint", file=sys.stderr)
@@ -36,12 +38,21 @@ def _train(args: argparse.Namespace) -> int:
         diverged, steps, loss = out.status == "diverged", out.steps, out.final_loss
         print(f"run '{out.run_name}' {out.status}: linear top-1 {_pct(out.linear_top1)}, kNN top-1 "
               f"{_pct(out.knn_top1)}; MLflow run {out.mlflow_run_id}")
-        print(f"open the MLflow UI with: mlflow ui --backend-store-uri "
-              f"{redact_uri(resolve_tracking_uri(args.tracking_uri))}")
+        if out.mlflow_run_id:
+            from .tracking import Store, run_link
+
+            exp_id = Store(args.tracking_uri).client.get_run(out.mlflow_run_id).info.experiment_id
+            print(f"open the MLflow UI with: mlflow ui --backend-store-uri "
+                  f"{redact_uri(resolve_tracking_uri(args.tracking_uri))}, then {run_link(exp_id, out.mlflow_run_id)}")
     if diverged:
         print(f"training diverged after {steps} steps (final loss {loss})", file=sys.stderr)
         return 2
     return 0
+
+
+# Ray Train's placement-group cleaner asks the state API, which a local Ray without its dashboard does not
+# serve, and says so every few seconds; the line changes nothing, so `mocolab train` hides it (not --verbose).
+QUIET_RAY_LINES = "Failed to query Ray Train Controller actor state"
 
 
 def _pct(x: float | None) -> str:
@@ -49,13 +60,37 @@ def _pct(x: float | None) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import build_report
+    from .report import build_report, watch_report
 
-    rep = build_report(args.experiment, args.out, parent_run=args.parent_run, tracking_uri=args.tracking_uri,
-                       ui_url=args.ui_url)
+    if args.interval < 1:
+        raise ValueError(f"--interval: {args.interval} must be >= 1 (seconds)")
+    if args.watch:
+        try:
+            rep = watch_report(args.experiment, args.out, interval_s=args.interval, parent_run=args.parent_run,
+                               tracking_uri=args.tracking_uri, ui_url=args.ui_url)
+        except KeyboardInterrupt:
+            print(f"stopped watching; the last report is {args.out}/report.html")
+            return 130
+    else:
+        rep = build_report(args.experiment, args.out, parent_run=args.parent_run, tracking_uri=args.tracking_uri,
+                           ui_url=args.ui_url)
     print(rep.message)
     print(f"report: {rep.html}" + (f" ({len(rep.figures)} plots)" if rep.figures else ""))
     return 0 if rep.trials else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .config import check_name
+    from .tracking.models import export_run, register_model
+
+    if args.register is not None:
+        check_name("--register", args.register)
+    out = export_run(args.run_id, args.out, tracking_uri=args.tracking_uri)
+    print(f"exported run {args.run_id} to {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    if args.register:
+        name, version = register_model(args.run_id, args.register, tracking_uri=args.tracking_uri)
+        print(f"registered as model '{name}' version {version}")
+    return 0
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -143,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the loop directly in this process: no Ray, no MLflow, no checkpoints")
     tr.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    tr.add_argument("--verbose", action="store_true",
+                    help="also print Ray Train's INFO lines (a checkpoint written, a report sent) and its state-API "
+                         "warnings")
     tr.set_defaults(func=_train)
     rp = sub.add_parser("report", help="draw an ablation report (PNG + HTML) from an MLflow experiment or sweep")
     rp.add_argument("--experiment", required=True, help="MLflow experiment, e.g. momentum-ablation")
@@ -151,7 +189,20 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     rp.add_argument("--ui-url", default="http://127.0.0.1:5000", help="MLflow UI address for the run links")
+    rp.add_argument("--watch", action="store_true",
+                    help="keep the report current while trials run (the page reloads itself); ends when nothing "
+                         "runs (with --parent-run: when the sweep has ended)")
+    rp.add_argument("--interval", type=int, default=30, help="seconds between rewrites with --watch (default 30)")
     rp.set_defaults(func=_report)
+    ex = sub.add_parser("export", help="write a finished run's encoder (backbone weights, torch.export programs), "
+                        "config, metrics and a README to a folder; optionally register it")
+    ex.add_argument("run_id", metavar="RUN_ID", help="the MLflow run id (the UI's run page, or a sweep's summary)")
+    ex.add_argument("--out", required=True, help="a new (or empty) folder")
+    ex.add_argument("--register", default=None, metavar="NAME",
+                    help="also register the encoder in the MLflow Model Registry under NAME (a new version)")
+    ex.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    ex.set_defaults(func=_export)
     _cluster_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -130,6 +130,7 @@ class RunConfig:
     experiment: str = "mocolab"  # MLflow experiment
     checkpoint_every: int = 0  # also checkpoint every N steps (0 = at epoch ends only)
     keep_checkpoints: int = 2
+    system_metrics_s: float = 10.0  # MLflow system metrics (CPU, memory, GPU) from every worker node, every N s; 0 = off
     max_failures: int = 2  # worker restarts from the latest checkpoint before the run fails
     fault_step: int = 0  # testing: one worker exits at this step on the first attempt (0 = never)
 
@@ -365,6 +366,7 @@ def validate(cfg: Config) -> Config:
     _range("run.gpus_per_worker", r.gpus_per_worker, 0.0)
     _range("run.checkpoint_every", r.checkpoint_every, 0)
     _range("run.keep_checkpoints", r.keep_checkpoints, 1)
+    _range("run.system_metrics_s", r.system_metrics_s, 0)
     _range("run.max_failures", r.max_failures, 0)
     _range("run.fault_step", r.fault_step, 0)
     for key in ("subset", "image_size"):
@@ -422,7 +424,7 @@ def validate(cfg: Config) -> Config:
 # Fields that may change between attempts of one run without changing what it computes: a resume
 # ignores them.  Every other field is part of the run's identity (``fingerprint``).
 RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.placement", "run.output_dir",
-                    "run.keep_checkpoints", "run.checkpoint_every", "run.fault_step", "run.preset", "run.name",
+                    "run.keep_checkpoints", "run.checkpoint_every", "run.system_metrics_s", "run.fault_step", "run.preset", "run.name",
                     "data.loader", "data.memory_budget_mb", "data.stream_tasks")  # how, not what, is read
 
 

@@ -8,7 +8,7 @@ the same number.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -69,6 +69,12 @@ def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
 class ProbeResult:
     train_top1: float
     test_top1: float
+    # the fitted probe: logits = ((features - mean) / std) @ weight + bias (float64; export.py turns it into a module)
+    # (left out of == and repr: two probes compare by what they score)
+    weight: torch.Tensor | None = field(default=None, compare=False, repr=False)  # D×classes
+    bias: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    mean: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    std: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
@@ -100,4 +106,4 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
     with torch.no_grad():
         train_top1 = float(((x @ w + b).argmax(1) == train_labels).double().mean())
         test_top1 = float(((xt @ w + b).argmax(1) == test_labels).double().mean())
-    return ProbeResult(train_top1, test_top1)
+    return ProbeResult(train_top1, test_top1, w.detach(), b.detach(), mean, std)

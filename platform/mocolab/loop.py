@@ -20,7 +20,7 @@ from . import dist as mdist
 from . import rng
 from .augment import build_augmentation
 from .config import Config
-from .evaluation import extract_features, knn_accuracy, linear_probe
+from .evaluation import ProbeResult, extract_features, knn_accuracy, linear_probe
 from .hardware import resolve_device, resolve_precision
 from .models import build_encoder
 from .moco import MoCo
@@ -88,6 +88,7 @@ class TrainResult:
     diverged: bool
     history: list[EpochRecord] = field(default_factory=list)
     knn_top1_init: float | None = None
+    probe: ProbeResult | None = None  # the final linear probe, weights included (rank 0 of a finished run)
 
 
 def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
@@ -308,8 +309,8 @@ class Trainer:
         f_test, l_test = self.split_features("test", e.knn_test)
         return knn_accuracy(f_bank, l_bank, f_test, l_test, self.data.classes, e.knn_k, e.knn_t)
 
-    def final_eval(self, progress: Callable[[str], None] | None = None) -> tuple[float, float]:
-        """(kNN top-1, linear top-1) at the end, from one extraction of the features both read.
+    def final_eval(self, progress: Callable[[str], None] | None = None) -> tuple[float, ProbeResult]:
+        """(kNN top-1, the linear probe) at the end, from one extraction of the features both read.
 
         The kNN bank and the probe's training images are both prefixes of one
         list of training images, so the numbers equal ``knn()`` and a separate probe.
@@ -328,7 +329,7 @@ class Trainer:
                            self.data.classes, e.knn_k, e.knn_t)
         res = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test, l_test, self.data.classes,
                            weight_decay=e.linear_wd, steps=e.linear_steps)
-        return knn, res.test_top1
+        return knn, res
 
 
 def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -389,12 +390,13 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     if not main:
         return TrainResult(None, None, loss, tr.step, False, tr.history, knn_init)
     say("final kNN and linear probe on frozen features ...")
-    knn_final, linear = tr.final_eval(say)
+    knn_final, probe = tr.final_eval(say)
+    linear = probe.test_top1
     if tr.history:
         tr.history[-1].knn_top1 = knn_final
     say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "
         f"kNN top-1 {100 * knn_final:.2f}%")
-    return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init)
+    return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init, probe)
 
 
 def _fmt_time(seconds: float) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import html
 import math
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .analysis import PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, summarise  # noqa: E402
-from .tracking import Store, redact_uri, trials_frame  # noqa: E402
+from .tracking import Store, redact_uri, run_link, trials_frame  # noqa: E402
 
 CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
           ("staleness_mean", "mean key staleness (steps)"))
@@ -38,6 +40,8 @@ class Report:
     figures: list[Path] = field(default_factory=list)
     trials: int = 0
     message: str = ""
+    running: int = 0  # trials still running when it was written
+    live: bool = False  # the page reloads itself (watched, and something still runs)
 
 
 def _runs(store: Store, experiment: str, parent_run: str | None):
@@ -89,8 +93,11 @@ def _curves(store: Store, df: pd.DataFrame, path: Path) -> Path:
 
 
 def _table_html(df: pd.DataFrame, varying: list[str], ui: str, experiment_id: str) -> str:
-    cols = ["label", "status"] + [f"params.{k}" for k in varying] + ["linear_top1", "knn_top1", "final_loss"]
-    head = "".join(f"<th>{html.escape(c.replace('params.', ''))}</th>" for c in cols) + "<th>MLflow</th>"
+    cols = (["label", "status", "epochs"] + [f"params.{k}" for k in varying]
+            + ["linear_top1", "knn_top1", "final_loss", "loss"] + (["data"] if "data" in df else []))
+    cols = [c for c in cols if c in df]
+    names = {"loss": "latest loss", "epochs": "epochs done"}
+    head = "".join(f"<th>{html.escape(names.get(c, c.replace('params.', '')))}</th>" for c in cols) + "<th>MLflow</th>"
     rows = []
     for _, r in df.iterrows():
         cells = []
@@ -100,25 +107,28 @@ def _table_html(df: pd.DataFrame, varying: list[str], ui: str, experiment_id: st
                 v = "—" if math.isnan(v) else (f"{100 * v:.2f}%" if c.endswith("top1") else f"{v:.4g}")
             cls = f' class="{html.escape(str(v))}"' if c == "status" else ""
             cells.append(f"<td{cls}>{html.escape(str(v))}</td>")
-        link = f"{ui}/#/experiments/{experiment_id}/runs/{r['run_id']}"
+        link = run_link(experiment_id, r["run_id"], ui)
         cells.append(f'<td><a href="{html.escape(link)}">{html.escape(r["run_id"][:8])}</a></td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>{refresh}
 <style>
 body {{ font-family: sans-serif; margin: 2em; max-width: 1400px; color: #222; }}
 img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
 table {{ border-collapse: collapse; font-size: 0.9em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
 td.diverged, td.failed, td.stopped {{ color: #b00; font-weight: bold; }}
+td.running {{ color: #06c; font-weight: bold; }}
+.live {{ background: #eef6ff; border: 1px solid #9cf; padding: 0.4em 0.8em; }}
 .note {{ color: #555; }}
 </style></head>
 <body>
 <h1>{title}</h1>
 <p class="note">{subtitle}</p>
+{live}
 {sections}
 <h2>Every trial</h2>
 {table}
@@ -136,21 +146,35 @@ window.addEventListener("load", function () {{
 
 def build_report(experiment: str, out: str | Path, *, parent_run: str | None = None,
                  tracking_uri: str | None = None, ui_url: str = "http://127.0.0.1:5000",
-                 log_artifacts: bool = True) -> Report:
-    """Render the report; an empty experiment gives a page that says so, never a crash."""
+                 log_artifacts: bool = True, refresh_s: int | None = None) -> Report:
+    """Render the report; an empty experiment gives a page that says so, never a crash.
+
+    ``refresh_s``: a live page (``report --watch``, a study's ``--watch``) that reloads itself every
+    ``refresh_s`` seconds while anything in it runs; the page written once nothing runs does not.
+    """
     store = Store(tracking_uri)
     uri = store.uri
     experiment_id, runs = _runs(store, experiment, parent_run)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     df = trials_frame(runs)
+    if not df.empty:
+        df["epochs"] = [len(store.metric_history(r, "loss")) for r in df["run_id"]]
+        df["loss"] = [run.data.metrics.get("loss", math.nan) for run in runs]
     title = f"{experiment}" + (f" — sweep {parent_run[:8]}" if parent_run else "")
+    running = int((df["status"] == "running").sum()) if not df.empty else 0
+    live_now = refresh_s is not None and (running > 0 or (parent_run is not None and store.is_running(parent_run)))
+    refresh = f'\n<meta http-equiv="refresh" content="{int(refresh_s)}">' if live_now else ""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    live = (f'<p class="live">Live: {running} trial(s) running; this page reloads itself every {refresh_s} s '
+            f'(written {stamp}).</p>' if live_now else
+            (f'<p class="note">Final: nothing is running (written {stamp}).</p>' if refresh_s is not None else ""))
     if df.empty:
         msg = f"experiment '{experiment}' has no trial runs yet" + (f" under parent {parent_run}" if parent_run else "")
         page = out / "report.html"
-        page.write_text(PAGE.format(title=html.escape(title), subtitle=html.escape(msg), sections="",
-                                    table="<p>No trials.</p>"))
-        return Report(out, page, [], 0, msg)
+        _write(page, PAGE.format(title=html.escape(title), subtitle=html.escape(msg), sections="",
+                                 table="<p>No trials.</p>", refresh=refresh, live=live))
+        return Report(out, page, [], 0, msg, running=running, live=live_now)
 
     varying = _varying(df)
     figures: list[tuple[str, Path]] = []
@@ -178,11 +202,40 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     seeds = df["params.run.seed"].nunique() if "params.run.seed" in df else 1
     subtitle = (f"{len(df)} trials, {seeds} seed(s), varying {', '.join(varying) or 'nothing'}; "
                 f"{n_bad} did not finish. Store: {redact_uri(uri)}")
+    datas = sorted(set(df["data"].dropna()) - {""}) if "data" in df else []
+    if len(datas) > 1:
+        subtitle += (f". Warning: the trials trained on {len(datas)} different data sets ({'; '.join(datas)}): "
+                     f"compare within one")
     page = out / "report.html"
-    page.write_text(PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle),
-                                sections="\n".join(sections), table=_table_html(df, varying, ui_url, experiment_id)))
+    _write(page, PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), refresh=refresh, live=live,
+                             sections="\n".join(sections), table=_table_html(df, varying, ui_url, experiment_id)))
     paths = [p for _, p in figures]
     if log_artifacts and parent_run:
         store.log_artifacts(parent_run, [page, *paths], artifact_path="report")
-    return Report(out, page, paths, len(df), subtitle)
+    return Report(out, page, paths, len(df), subtitle, running=running, live=live_now)
+
+
+def _write(page: Path, text: str) -> None:
+    """Whole or not at all: a browser reloading a live page never reads half of it."""
+    tmp = page.with_name(page.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, page)
+
+
+def watch_report(experiment: str, out: str | Path, *, interval_s: int = 30, parent_run: str | None = None,
+                 tracking_uri: str | None = None, ui_url: str = "http://127.0.0.1:5000",
+                 say=print) -> Report:
+    """Rewrite the report every ``interval_s`` while anything in it runs; the last one is final (logged
+    to the parent run, like a sweep's closing report). Ctrl-C stops watching and leaves the last page."""
+    say(f"watching '{experiment}'" + (f" sweep {parent_run}" if parent_run else "") +
+        f": {Path(out) / 'report.html'} is rewritten every {interval_s} s while trials run (Ctrl-C stops)")
+    while True:
+        rep = build_report(experiment, out, parent_run=parent_run, tracking_uri=tracking_uri, ui_url=ui_url,
+                           log_artifacts=False, refresh_s=interval_s)
+        if not rep.live:
+            break
+        say(f"  {time.strftime('%H:%M:%S')}  {rep.trials} trial(s), {rep.running} running")
+        time.sleep(interval_s)
+    return build_report(experiment, out, parent_run=parent_run, tracking_uri=tracking_uri, ui_url=ui_url,
+                        refresh_s=interval_s)
 

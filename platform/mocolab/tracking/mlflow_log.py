@@ -12,11 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
+import json
+
 import yaml
-from mlflow.entities import Metric, Run
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run
 
 from ..config import check_same_config
-from .source import git_commit, ray_job_id
+from ..sources import DatasetRecord
+from .source import source_tags
 from .store import PARENT_ID_TAG, RUN_NAME_TAG, Store, _quote
 
 
@@ -51,10 +54,10 @@ class RunTracker:
             if existing.info.status != "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id, True
-        all_tags = {RUN_NAME_TAG: run_name, "git_commit": git_commit(), **(tags or {})}
-        job = ray_job_id()
-        if job:
-            all_tags["ray_job_id"] = job
+        given = dict(tags or {})
+        # MLflow's source/user tags: computed here unless the driver passed its own (a trial process's
+        # argv and working folder are Ray's, not the user's)
+        all_tags = {RUN_NAME_TAG: run_name, **({} if "mlflow.source.name" in given else source_tags()), **given}
         if parent_run_id:
             all_tags[PARENT_ID_TAG] = parent_run_id
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=display_name or run_name)
@@ -62,6 +65,10 @@ class RunTracker:
         self.store.log_params(self.run_id, params)
         self.store.log_texts(self.run_id, {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
         return self.run_id, False
+
+    def tag(self, key: str, value: str) -> None:
+        assert self.run_id is not None
+        self.client.set_tag(self.run_id, key, value)
 
     def finish(self, status_tag: str = "finished") -> None:
         assert self.run_id is not None
@@ -134,6 +141,13 @@ class MetricsLogger:
             self.say(f"MLflow: cannot log to the tracking store ({type(err).__name__}); training goes on and "
                      f"the metrics are kept until it answers")
 
+    def log_datasets(self, records: list[DatasetRecord]) -> None:
+        """The run's data as MLflow dataset inputs (the UI's Dataset column); logging the same again is a no-op."""
+        try:
+            self.client.log_inputs(self.run_id, datasets=[dataset_input(r) for r in records])
+        except Exception as err:  # noqa: BLE001
+            self._went_down(err)
+
     def set_tag(self, key: str, value: str) -> None:
         try:
             self.client.set_tag(self.run_id, key, value)
@@ -147,3 +161,16 @@ class MetricsLogger:
             self.say(f"MLflow: {self.lost} batch(es) of metrics could not be logged (the tracking store did not "
                      f"answer); the run's checkpoint history still holds every epoch")
         return self.lost
+
+
+DATASET_CONTEXT = {"train": "training", "test": "evaluation"}
+
+
+def dataset_input(record: DatasetRecord) -> DatasetInput:
+    """One split as MLflow's ``DatasetInput``: named ``<set>-<split>``, our digest, size and shape as profile."""
+    profile = {"num_images": record.size, "split": record.split, "image_shape": [record.channels,
+               record.image_size, record.image_size], "digest_covers": record.hashed}
+    ds = Dataset(name=f"{record.name}-{record.split}", digest=record.digest, source_type="mocolab",
+                 source=json.dumps({"data.name": record.name, "split": record.split}),
+                 profile=json.dumps(profile))
+    return DatasetInput(ds, tags=[InputTag("mlflow.data.context", DATASET_CONTEXT.get(record.split, record.split))])

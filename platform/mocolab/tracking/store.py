@@ -19,7 +19,7 @@ from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
 from ..config import check_same_config
-from .source import git_commit, ray_job_id
+from .source import source_tags
 from .uri import resolve_tracking_uri
 
 RUN_NAME_TAG = "mocolab.run_name"  # a training run's name: how a resumed run finds its MLflow run
@@ -44,10 +44,18 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
         row = {"label": tags.get("trial") or run.info.run_name, "status": status, "run_id": run.info.run_id,
                "stopped_at_epoch": _num(tags.get(STOPPED_AT_TAG, "nan")),
                "failure_reason": tags.get(FAILURE_TAG, "")}
+        row["data"] = training_data(run)
         row.update({f"params.{k}": _num(v) for k, v in params.items()})
         row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def training_data(run: Run) -> str:
+    """``name@digest`` of the data a run trained on (its MLflow dataset inputs of context training), or ''."""
+    inputs = run.inputs.dataset_inputs if run.inputs is not None else []
+    return ", ".join(f"{i.dataset.name}@{i.dataset.digest[:8]}" for i in inputs
+                     if any(t.key == "mlflow.data.context" and t.value == "training" for t in i.tags))
 
 
 def _num(text: str) -> Any:
@@ -106,6 +114,9 @@ class Store:
             runs = [r for r in runs if r.info.run_id not in parents]
         return runs
 
+    def is_running(self, run_id: str) -> bool:
+        return self.client.get_run(run_id).info.status == "RUNNING"
+
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """(step, value) pairs of one metric, by step."""
         return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, key))
@@ -158,11 +169,8 @@ class SweepRun:
                               new_field=lambda key: not key.startswith("sweep.set."))  # overrides always count
             store.client.update_run(run_id, status="RUNNING")
             return cls(store, exp_id, run_id, True)
-        all_tags = {SWEEP_TAG: name, PARENT_TAG: name, "git_commit": git_commit(),
-                    "mlflow.note.content": description, **tags}
-        job = ray_job_id()
-        if job:
-            all_tags["ray_job_id"] = job
+        all_tags = {SWEEP_TAG: name, PARENT_TAG: name, "mlflow.note.content": description,
+                    **({} if "mlflow.source.name" in tags else source_tags()), **tags}
         run = store.client.create_run(exp_id, tags=all_tags, run_name=name)
         store.log_params(run.info.run_id, params)
         return cls(store, exp_id, run.info.run_id, False)

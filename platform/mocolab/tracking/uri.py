@@ -94,3 +94,30 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         folder = Path(uri[len("sqlite:///"):].partition("?")[0]).expanduser().parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise ValueError(f"tracking URI {shown}: folder {folder} is not writable")
+
+
+UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` listens by default
+
+
+def ui_links(experiment_id: str, run_ids: list[str] | None = None, base: str = UI_URL) -> dict[str, str]:
+    """Addresses in the MLflow UI (3.x) that open on what a researcher wants, with no clicks of setup.
+
+    A bare experiment address opens MLflow 3.17's GenAI overview in a new browser (its workflow switch
+    defaults to GenAI, and no experiment tag changes that); ``?workflowType=machine_learning`` opens the
+    runs list. The compare page takes the run and experiment ids as JSON lists.
+    """
+    import json
+    from urllib.parse import quote, urlencode
+
+    base = base.rstrip("/")
+    links = {"runs": f"{base}/#/experiments/{experiment_id}?workflowType=machine_learning"}
+    if run_ids:
+        query = urlencode({"runs": json.dumps(list(run_ids)), "experiments": json.dumps([experiment_id])},
+                          quote_via=quote)
+        links["compare"] = f"{base}/#/compare-runs?{query}"
+    return links
+
+
+def run_link(experiment_id: str, run_id: str, base: str = UI_URL) -> str:
+    """A run's page, in the UI's model-training mode (else a new browser shows it among GenAI pages)."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"

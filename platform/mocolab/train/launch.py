@@ -25,6 +25,8 @@ from .shipping import check_job_paths, check_nodes, code_runtime_env
 from ..storage import Location, is_uri
 
 CONFIG_RECORD = "config.json"  # beside a run's checkpoints: what the run was started with
+CHECKPOINT_DIR_TAG = "mocolab.checkpoint_dir"  # the run's folder (or URI): its checkpoints and config record
+CHECKPOINT_TAG = "mocolab.checkpoint"  # the latest checkpoint at the run's end: from the UI to the files
 
 
 @dataclass
@@ -61,12 +63,13 @@ def check_cluster() -> None:
                          f"(`ray start --head`) or unset RAY_ADDRESS to run on a local Ray") from None
 
 
-def ensure_ray(num_cpus: int | None = None, say: Callable[[str], None] = print) -> None:
+def ensure_ray(num_cpus: int | None = None, say: Callable[[str], None] = print, log_to_driver: bool = True) -> None:
     """Join $RAY_ADDRESS when set (after checking it answers), else start a local Ray (no dashboard:
     nothing listens for strangers).
 
     Joining a cluster ships this mocolab to every trial (``py_modules``) and checks every node
     has the pinned dependencies, before any work: nodes need no mocolab of their own.
+    ``log_to_driver=False``: the workers' and actors' output stays in Ray's log files (a quiet sweep).
     """
     import ray
 
@@ -78,24 +81,30 @@ def ensure_ray(num_cpus: int | None = None, say: Callable[[str], None] = print) 
         runtime_env, override = code_runtime_env()
         if override:  # the job ships py_modules of its own: ours is their list plus mocolab
             os.environ["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"
-        ray.init(address=address, runtime_env=runtime_env)
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver)
         reassert()
         check_nodes(say=say)
     else:
         # "local": never attach to a `ray start` cluster (or a stale record of one) on this machine
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
     reassert()  # Ray installs its own SIGTERM handler; Ctrl-C/SIGTERM must still close our runs
 
 
 def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | None = None,
         tags: dict[str, str] | None = None, display_name: str | None = None, log_to_mlflow: bool = True,
-        progress: Callable[[str], None] = print, callbacks: list | None = None) -> TrainOutcome:
+        progress: Callable[[str], None] = print, callbacks: list | None = None,
+        ray_train_info: bool = True) -> TrainOutcome:
     """Train one model to the end (or resume it) and return its outcome.
 
     ``callbacks`` go to Ray Train's RunConfig: a sweep passes Tune's
     ``TuneReportCallback`` so each epoch's metrics reach the scheduler.
+    ``ray_train_info=False`` drops Ray Train's INFO lines in the workers (a checkpoint written, a report
+    sent, each epoch): ``mocolab train`` prints them only with ``--verbose``.
     """
     cfg = with_absolute_paths(validate(cfg))  # workers run in other folders
+    # Ray Train's print patch sends each print of a worker both to stdout and to its logger, which
+    # Ray then forwards too: every line twice. Plain prints reach the worker's log file and the driver once.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     uri = resolve_tracking_uri(tracking_uri)
     check_job_paths({"run.output_dir": None if is_uri(cfg.run.output_dir) else cfg.run.output_dir,
                      "tracking URI": local_store_path(uri) if log_to_mlflow else None})
@@ -114,7 +123,7 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
         _check_resume(cfg, run_dir)
         return _fit_locked(cfg, uri, run_dir, parent_run_id=parent_run_id, tags=tags, display_name=display_name,
-                           log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks)
+                           log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks, ray_train_info=ray_train_info)
 
 
 def _check_resume(cfg: Config, run_dir: Location) -> None:
@@ -129,7 +138,7 @@ def _check_resume(cfg: Config, run_dir: Location) -> None:
 
 def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str | None, tags: dict[str, str] | None,
                 display_name: str | None, log_to_mlflow: bool, progress: Callable[[str], None],
-                callbacks: list | None) -> TrainOutcome:
+                callbacks: list | None, ray_train_info: bool = True) -> TrainOutcome:
     name, workers = cfg.run_name, cfg.run.num_workers
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -140,7 +149,8 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
         tracker = RunTracker(uri, cfg.run.experiment)
         run_id, resumed = tracker.start(
             name, cfg.flatten(), cfg.to_dict(),
-            tags={"preset": cfg.run.preset, "mocolab.config_fingerprint": fingerprint(cfg), **(tags or {})},
+            tags={"preset": cfg.run.preset, "mocolab.config_fingerprint": fingerprint(cfg),
+                  CHECKPOINT_DIR_TAG: run_dir.location, **(tags or {})},
             parent_run_id=parent_run_id, display_name=display_name)
         progress(f"MLflow: {'resuming' if resumed else 'created'} run {run_id} in experiment "
                  f"'{cfg.run.experiment}' at {redact_uri(uri)}")
@@ -151,7 +161,7 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
         trainer = TorchTrainer(
             _loop,
             train_loop_config={"config": cfg.to_dict(), "mlflow_run_id": run_id, "tracking_uri": uri,
-                               "run_dir": run_dir.location},
+                               "run_dir": run_dir.location, "ray_train_info": ray_train_info},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
                                          resources_per_worker=resources if workers else None,
                                          placement_strategy=cfg.run.placement.upper()),
@@ -183,14 +193,18 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
     m = result.metrics or {}
     diverged = bool(m.get("diverged", 0.0))
     status = "diverged" if diverged else "finished"
-    if tracker is not None:
-        tracker.finish(status)
     loss = m.get("final_loss")
     if workers == 0:  # local mode: Ray's result names a temporary folder; the run keeps its own copy
         checkpoint = (str(run_dir.child(LOCAL_CHECKPOINT)) if run_dir.exists(f"{LOCAL_CHECKPOINT}/rank0.pt")
                       else None)
     else:
         checkpoint = result.checkpoint.path if result.checkpoint is not None else None
+        if checkpoint and run_dir.remote:  # Ray gives the path inside the bucket: put the scheme back
+            checkpoint = f"{run_dir.location.split('://', 1)[0]}://{checkpoint}"
+    if tracker is not None:
+        if checkpoint:
+            tracker.tag(CHECKPOINT_TAG, checkpoint)
+        tracker.finish(status)
     return TrainOutcome(name, run_id, status, m.get("linear_top1"), m.get("knn_top1"),
                         None if loss is None or (isinstance(loss, float) and math.isnan(loss)) else loss,
                         int(m.get("steps", 0)), resumed, checkpoint)

@@ -32,8 +32,11 @@ import mocolab
 NODE_REQUIREMENTS: dict[str, str] = {
     "torch": "torch", "torchvision": "torchvision", "kornia": "kornia", "numpy": "numpy", "pyyaml": "yaml",
     "ray": "ray", "mlflow": "mlflow", "pandas": "pandas", "pyarrow": "pyarrow",
+    "psutil": "psutil",  # MLflow's system metrics, sampled on every worker node
 }
 DRIVER_ONLY = ("matplotlib", "scipy", "optuna", "psycopg2-binary")  # psycopg2: where the MLflow server runs
+# Used on a node when present, not checked: GPU metrics need it only where a GPU is (MLflow skips them without)
+NODE_OPTIONAL = ("nvidia-ml-py",)
 # Must equal the driver's: tensors, checkpoints and collectives cross these, and Ray refuses other versions.
 EXACT = ("python", "torch", "torchvision", "ray")
 

@@ -31,7 +31,7 @@ import torch
 from ..config import Config
 from ..image_index import ImageIndex, build_index, decode
 from ..data import rank_positions
-from ..sources import eval_order, subset_positions
+from ..sources import DatasetRecord, eval_order, file_list_digest, subset_positions
 
 EVAL_CHUNK = 256  # images per decode task in an evaluation pass
 
@@ -108,6 +108,11 @@ class StreamSource:
         blocks = [[index.refs[i] for i in part] for part in chunks]
         for part, images in zip(chunks, self._stream(blocks)):
             yield torch.from_numpy(images), torch.from_numpy(index.labels[part])
+
+    def records(self) -> list[DatasetRecord]:
+        return [DatasetRecord(ix.name, split, len(ix), file_list_digest(ix.refs, ix.labels, ix.image_size),
+                              "file list and labels", ix.image_size, ix.channels)
+                for split, ix in (("train", self.train), ("test", self.test))]
 
     def describe_eval(self, split, n):
         total = len(self.train if split == "train" else self.test)

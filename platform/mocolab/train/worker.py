@@ -8,6 +8,8 @@ Rank 0 logs to MLflow by run id; the driver owns the run's life.
 
 from __future__ import annotations
 
+import copy
+import logging
 import os
 import resource
 import tempfile
@@ -21,6 +23,7 @@ from ..data import DEFAULT_IMAGEFOLDER_SIZE
 from ..sources import TrainSource, choose_loader
 from ..loop import EpochRecord, Trainer, run_training
 from ..tracking import MetricsLogger
+from ..tracking.system import node_labels, start_monitor, stop_monitor
 from ..storage import Location
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
 
@@ -82,19 +85,34 @@ class MemoryWatch:
         self.peak = max(self.peak, self.private_mb())
 
 
-def worker_nodes() -> str:
+def worker_nodes() -> list[str]:
     """Every rank's Ray node id (first 12 hex digits), in rank order: what SPREAD placement did."""
     import ray
     import torch.distributed as tdist
 
     if not ray.is_initialized():  # Ray Train's local mode (W = 0) may run without Ray
-        return "this process"
+        return ["this process"]
     mine = ray.get_runtime_context().get_node_id()[:12]
     if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() == 1:
-        return mine
+        return [mine]
     every: list = [None] * tdist.get_world_size()
     tdist.all_gather_object(every, mine)
-    return ",".join(every)
+    return every
+
+
+def log_trained_models(trainer: Trainer, result, loop_config: dict) -> None:
+    """The encoder (images -> features) and the probe (images -> logits) as pt2 MLflow models of the run."""
+    from ..export import FeatureExtractor, ProbeClassifier
+    from ..tracking.models import CLASSIFIER, ENCODER, log_models
+
+    images, _ = next(iter(trainer.data.eval_split("test", 4)))
+    example = images[:4].float().div(255.0)
+    features = FeatureExtractor(copy.deepcopy(trainer.encoder.backbone).float().cpu(), trainer.data.channels)
+    uris = log_models(loop_config["tracking_uri"], loop_config["mlflow_run_id"],
+                      {ENCODER: features, CLASSIFIER: ProbeClassifier(features, result.probe)}, example,
+                      step=result.steps)
+    if uris:
+        print(f"MLflow: encoder logged as {uris[ENCODER]} (mocolab export {loop_config['mlflow_run_id']} --out DIR)")
 
 
 def open_source(cfg: Config, say=None) -> TrainSource | None:
@@ -116,6 +134,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     import ray.train.torch
 
     cfg = from_dict(loop_config["config"])
+    if not loop_config.get("ray_train_info", True):  # `mocolab train` without --verbose: Ray Train's INFO
+        logging.getLogger("ray.train").setLevel(logging.WARNING)  # lines per report are dropped
     # Metric logging is best-effort (tracking.MetricsLogger buffers what a dead server refuses): fail a
     # request in seconds rather than after MLflow's default minutes of retries, unless the user chose.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -147,11 +167,28 @@ def train_loop_per_worker(loop_config: dict) -> None:
     logger = None
     if trainer.is_main and loop_config.get("mlflow_run_id"):
         logger = MetricsLogger(loop_config["tracking_uri"], loop_config["mlflow_run_id"])
+    if logger is not None:  # which data, by content digest: the UI's Dataset column, the report's data column
+        logger.log_datasets(trainer.data.records())
     nodes = worker_nodes()
     if trainer.is_main:
-        print(f"workers on Ray nodes (rank order): {nodes}" + (f"; resuming at step {trainer.step}" if state else ""))
+        print(f"workers on Ray nodes (rank order): {','.join(nodes)}"
+              + (f"; resuming at step {trainer.step}" if state else ""))
         if logger is not None:  # where this attempt's ranks ran (after a node loss: where they run now)
-            logger.set_tag("mocolab.worker_nodes", nodes)
+            logger.set_tag("mocolab.worker_nodes", ",".join(nodes))
+    labels, leaders = node_labels(nodes)
+    monitor = None
+    if loop_config.get("mlflow_run_id") and leaders[trainer.rank]:  # one monitor per node, on its first rank
+        monitor = start_monitor(loop_config["tracking_uri"], loop_config["mlflow_run_id"], cfg.run.system_metrics_s,
+                                labels[trainer.rank])
+    try:
+        _train(cfg, trainer, loop_config, logger, run_dir, memory)
+    finally:
+        stop_monitor(monitor)
+
+
+def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogger | None, run_dir: Location,
+           memory: MemoryWatch) -> None:
+    """From the first step (or the restored one) to the final report."""
     every = cfg.run.checkpoint_every
     keep = run_dir if cfg.run.num_workers == 0 else None
 
@@ -170,8 +207,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     def on_epoch(rec: EpochRecord) -> None:
         metrics = rec.metrics()
-        if logger is not None:
-            logger.log(metrics, rec.step)
+        if logger is not None:  # MLflow keeps the step itself: a "step" metric would only be noise in its UI
+            logger.log({k: v for k, v in metrics.items() if k != "step"}, rec.step)
         _report(trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
 
     memory.sample()
@@ -195,4 +232,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if result.diverged:
             logger.set_tag("mocolab.diverged_at_step", str(result.steps))
         logger.close()
+        if result.probe is not None:  # a finished run: its encoder and probe as MLflow models
+            log_trained_models(trainer, result, loop_config)
     _report(trainer, loop_config["config"], final, keep)

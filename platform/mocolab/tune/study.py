@@ -13,7 +13,7 @@ import pandas as pd
 from ..config import list_presets, parse_overrides
 from ..interrupts import closing_on_signals, exit_code
 from ..report import build_report
-from ..tracking import redact_uri
+from ..tracking import redact_uri, ui_links
 from .sweep import Sweep, Trial, ending, publish_report, resolve_sweep, run_sweep, sweep_dir
 
 # What a study's report function returns: the printed summary, its plot (or None) and its table.
@@ -42,6 +42,16 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
                         "(default $MOCOLAB_STORAGE, else runs/sweeps)")
     p.add_argument("--stop-after", type=int, default=None,
                    help="end after N trials have finished; run the same command again to continue")
+    p.add_argument("--register", default=None, metavar="NAME",
+                   help="at the end, register the best finished trial's encoder in the MLflow Model Registry as NAME")
+    p.add_argument("--register-metric", default="linear_top1", choices=["linear_top1", "knn_top1", "final_loss"],
+                   help="what 'best' means for --register (default linear_top1; final_loss: the lowest)")
+    p.add_argument("--watch", type=int, nargs="?", const=30, default=None, metavar="SECONDS",
+                   help="keep the sweep's HTML report current while trials run, rewritten after every trial and "
+                        "at most every SECONDS (default 30); the page reloads itself")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print Ray's own output: Tune's status tables, the workers' and actors' logs "
+                        "(always kept in Ray's log files)")
     p.set_defaults(default_name=default_name)
     return p
 
@@ -61,7 +71,9 @@ def make_sweep(args: argparse.Namespace, study: str, description: str, trials: l
                  base_overrides=parse_overrides(args.set), trials=trials,
                  workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
                  gpus_per_worker=args.gpus_per_worker, max_concurrent=args.max_concurrent,
-                 tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after, **search)
+                 tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after,
+                 register=args.register, register_metric=args.register_metric, verbose=args.verbose,
+                 watch_s=args.watch, **search)
 
 
 def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
@@ -94,6 +106,28 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
             raise
 
 
+def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
+    """--register: the best finished trial's encoder becomes a new version of the registered model."""
+    from ..tracking.models import register_model
+    from .sweep import REGISTER_METRICS
+
+    metric, mode = sweep.register_metric, REGISTER_METRICS[sweep.register_metric]
+    done = trials[(trials["status"] == "finished") & trials[metric].notna()]
+    if done.empty:
+        print(f"--register: no finished trial has {metric}; nothing registered", file=sys.stderr)
+        return
+    best = done.loc[done[metric].idxmax() if mode == "max" else done[metric].idxmin()]
+    try:
+        name, version = register_model(best["run_id"], sweep.register, sweep.tracking_uri,
+                                       description=f"best of sweep '{sweep.name}' by {metric} ({mode}): "
+                                                   f"{best['label']}, {metric} = {best[metric]:.4f}")
+    except ValueError as err:
+        print(f"--register: {err}", file=sys.stderr)
+        return
+    print(f"Registered the best trial by {metric} ({best['label']}, {best[metric]:.4f}) as model "
+          f"'{name}' version {version}")
+
+
 def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
     trials = parent.trials()
     if trials.empty:
@@ -111,6 +145,8 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     rep = build_report(sweep.study, sweep_dir(sweep) / "report", parent_run=parent.run_id,
                        tracking_uri=sweep.tracking_uri)
     published = publish_report(sweep)
+    if sweep.register:
+        _register_best(sweep, trials)
     bad = trials[trials["status"].isin(["failed", "running", "interrupted"])]
     expected = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
     left = expected - int(trials["status"].isin(["finished", "diverged", "stopped_early"]).sum()) - len(bad)
@@ -127,7 +163,11 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
         print(f"\n{what}: {detail}\nRun the same command again to retry them.", file=sys.stderr)
         parent.set_status("failed", mlflow_status="FAILED", reason=f"{what}: {detail}")
     print(f"\nMLflow: experiment '{sweep.study}', parent run {parent.run_id} with {len(trials)} child runs.")
-    print(f"Open the UI: mlflow ui --backend-store-uri {redact_uri(parent.uri)}   (then http://127.0.0.1:5000)")
+    links = ui_links(parent.experiment_id, list(trials["run_id"]))
+    print(f"Open the UI: mlflow ui --backend-store-uri {redact_uri(parent.uri)}, then")
+    print(f"  runs:    {links['runs']}")
+    print(f"  compare: {links['compare']}")
+    print("           (Scatter Plot: X-axis moco.m or what the study varies, Y-axis linear_top1)")
     if figure is not None:
         print(f"Plot: {figure}")
     print(f"Report: {rep.html}  (also under the parent run's artifacts, report/"

@@ -24,7 +24,8 @@ from ..config import absolute_paths, build_config, check_name
 from ..lock import NameLock
 from ..storage import Location, is_uri
 from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
-                        resolve_tracking_uri)
+                        resolve_tracking_uri, source_tags)
+from .progress import SweepProgress
 from .search import build_scheduler, build_searcher, check_search, tune_space
 
 
@@ -58,6 +59,11 @@ class Sweep:
     tracking_uri: str | None = None
     storage: str = "runs/sweeps"
     stop_after: int | None = None  # end this invocation after N trials finish; the same name continues
+    source: dict[str, str] = field(default_factory=dict)  # MLflow source tags, computed in the driver
+    register: str | None = None  # register the best trial's encoder under this Model Registry name
+    register_metric: str = "linear_top1"  # ... best by this final metric (max; min for a loss)
+    verbose: bool = False  # also print Ray's own output (Tune's tables, workers' logs); always in Ray's log files
+    watch_s: int | None = None  # keep <sweep folder>/report/report.html current while trials run, every N s
 
 
 # ------------------------------------------------------------------ validation
@@ -139,10 +145,26 @@ def validate_sweep(sweep: Sweep) -> None:
         build_config(sweep.preset, over)
     if sweep.search != "grid":
         build_config(sweep.preset, {**sweep.base_overrides})
+    if sweep.watch_s is not None and sweep.watch_s < 1:
+        raise ValueError(f"--watch: {sweep.watch_s} must be >= 1 (seconds between rewrites)")
+    if sweep.register is not None:
+        check_name("--register", sweep.register)
+        if sweep.register_metric not in REGISTER_METRICS:
+            raise ValueError(f"--register-metric: {sweep.register_metric!r} is not one of {list(REGISTER_METRICS)}")
     check_tracking_uri(resolve_tracking_uri(sweep.tracking_uri))
 
 
+REGISTER_METRICS = {"linear_top1": "max", "knn_top1": "max", "final_loss": "min"}  # final metrics of every trial
+
+
 # ------------------------------------------------------------------ MLflow parent
+# The rest of the parent run's description (the MLflow UI shows it on the run's page)
+PARENT_GUIDE = ("This run is a sweep: each child run is one trial, named by what varies (e.g. `m=0.9 seed=0`), "
+                "trained by Ray Train with the config in its params. Every trial logs `linear_top1` (a linear probe "
+                "on frozen features), `knn_top1` and `final_loss` at its last step, and `loss`, `knn_top1`, "
+                "`pretext_acc` per epoch. To compare: tick the child runs, press Compare, open Scatter Plot with "
+                "the varied param on X and `linear_top1` on Y. This run's artifacts hold the summary table "
+                "(`summary.csv`), the study's plot and `report/report.html`.")
 def open_parent(sweep: Sweep) -> SweepRun:
     """The sweep's MLflow parent run, found again by the sweep's name (a resumed sweep has one parent)."""
     params = {"sweep.preset": sweep.preset, "sweep.workers_per_trial": sweep.workers_per_trial,
@@ -151,8 +173,9 @@ def open_parent(sweep: Sweep) -> SweepRun:
               **{f"sweep.set.{k}": v for k, v in sweep.base_overrides.items()}}
     if sweep.search != "grid":
         params.update({"sweep.scheduler": sweep.scheduler, "sweep.metric": f"{sweep.metric} ({sweep.mode})"})
-    return SweepRun.open(Store(sweep.tracking_uri), sweep.study, sweep.name, description=sweep.description,
-                         params=params, tags={"preset": sweep.preset, "study": sweep.study})
+    return SweepRun.open(Store(sweep.tracking_uri), sweep.study, sweep.name,
+                         description=f"{sweep.description}\n\n{PARENT_GUIDE}",
+                         params=params, tags={"preset": sweep.preset, "study": sweep.study, **sweep.source})
 
 
 # ------------------------------------------------------------------ the trial
@@ -178,7 +201,7 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
     label, over = trial_overrides(sweep, config, cpus_per_worker, tune.get_context().get_trial_id())
     cfg = build_config(sweep.preset, over)
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
-              tags={SWEEP_TAG: sweep.name, "trial": label}, display_name=label,
+              tags={SWEEP_TAG: sweep.name, "trial": label, **sweep.source}, display_name=label,
               callbacks=[_report_callback(sweep.metric if sweep.search != "grid" else None)],
               progress=print)
     nan = float("nan")
@@ -238,7 +261,13 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
     Location(sweep.storage).check("--storage")
     from ..train.resources import check_device, check_placement, node_capacities
 
-    ensure_ray()
+    ensure_ray(log_to_driver=sweep.verbose)
+    # MLflow's source tags, once, in this driver (a trial's argv and folder are Ray's), Ray's job id included
+    sweep = dataclasses.replace(sweep, source=sweep.source or source_tags())
+    if not sweep.verbose:
+        quiet_tune()
+        progress(f"Ray's own output (Tune's tables, the workers' logs) is in {ray_logs_dir()}; --verbose prints it "
+                 f"here too")
     nodes = node_capacities()
     conc, cpus = resolve_resources(sweep, sum(n["CPU"] for n in nodes) or float(os.cpu_count() or 1))
     if sweep.workers_per_trial > 0:
@@ -255,12 +284,18 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
                  f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
                  f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {redact_uri(parent.uri)}")
         stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
+        epochs = build_config(sweep.preset, sweep.base_overrides).optim.epochs
+        total = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
+        lines = SweepProgress(total, epochs, progress, on_change=_live_report(sweep, parent, progress),
+                              change_every_s=sweep.watch_s or 30)
         try:
-            tuner = _tuner(sweep, parent, conc, cpus, stop, progress)
+            tuner = _tuner(sweep, parent, conc, cpus, stop, lines, progress)
             grid = tuner.fit() if tuner is not None else None
         except BaseException as err:  # Ctrl-C, SIGTERM, an error: close every run, keep the sweep resumable
             _close_interrupted(parent, err)
             raise
+        finally:
+            lines.close()
         # Trials Tune ended without their own close: paused by --stop-after, stopped by the scheduler, or died.
         if stop is not None and stop.stop_all():
             leftovers = "stopped"
@@ -277,6 +312,25 @@ _LEFTOVER_REASON = {
     "stopped_early": "stopped by the scheduler (ASHA) after too weak a start: a normal outcome of a search",
     "failed": "the trial's process ended without closing its run (see Tune's error for the trial)",
 }
+
+
+def quiet_tune() -> None:
+    """Tune's console output off in this driver: its new output engine prints the experiment box and paths
+    even at verbose=0, the old one prints nothing at 0; its INFO lines (state written, ...) go too."""
+    import logging
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+
+
+def ray_logs_dir() -> str:
+    """The log folder of this driver's Ray session (on a cluster: the head's; each node keeps its own)."""
+    try:
+        import ray
+
+        return ray._private.worker._global_node.get_logs_dir_path()  # no public API names it
+    except Exception:  # noqa: BLE001
+        return "/tmp/ray/session_latest/logs"
 
 
 def ending(err: BaseException) -> tuple[str, str]:
@@ -299,13 +353,15 @@ def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
     parent.set_status(status, mlflow_status=mlflow_status, reason=f"{reason}; run the same command again to resume")
 
 
-def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None,
+def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None, lines: SweepProgress,
            progress: Callable[[str], None]):
     """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials); None if all done."""
     from functools import partial
 
     from ray import tune
 
+    callbacks = [lines]
+    verbose = 1 if sweep.verbose else 0
     resources = {"CPU": TRIAL_DRIVER_CPUS}
     if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains
         resources = {"CPU": cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker}
@@ -331,7 +387,8 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
                 search_alg=build_searcher(sweep.search, sweep.metric, sweep.mode, sweep.seeds[0]),
                 scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode,
                                           build_config(sweep.preset, sweep.base_overrides).optim.epochs)),
-            run_config=tune.RunConfig(name="search", storage_path=tune_path, verbose=1, stop=stop))
+            run_config=tune.RunConfig(name="search", storage_path=tune_path, verbose=verbose, stop=stop,
+                                      callbacks=callbacks))
     # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
     # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
     done = parent.done_labels()
@@ -342,9 +399,28 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
         return None
     attempt = 1 + sum(1 for n in Location(tune_path).children() if n.startswith("attempt-"))
     space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
+    lines.total = len(remaining)
     return tune.Tuner(
         trainable, param_space=space, tune_config=tune.TuneConfig(max_concurrent_trials=conc),
-        run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=tune_path, verbose=1, stop=stop))
+        run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=tune_path, verbose=verbose, stop=stop,
+                                  callbacks=callbacks))
+
+
+def _live_report(sweep: Sweep, parent: SweepRun, progress: Callable[[str], None]) -> Callable[[], None] | None:
+    """``--watch``: the report rewritten as trials progress (the study writes the final one at the end)."""
+    if not sweep.watch_s:
+        return None
+    from ..report import build_report
+
+    page = sweep_dir(sweep) / "report" / "report.html"
+    progress(f"live report: {page} (reloads itself every {sweep.watch_s} s while trials run)")
+
+    def write() -> None:
+        build_report(sweep.study, page.parent, parent_run=parent.run_id, tracking_uri=sweep.tracking_uri,
+                     log_artifacts=False, refresh_s=sweep.watch_s)
+        publish_report(sweep)
+
+    return write
 
 
 class _StopAfter(Stopper):
