@@ -49,18 +49,23 @@ def free_port():
     return _free_port
 
 
-def start_mlflow_server(folder: Path, port: int, timeout: float = 120.0) -> subprocess.Popen:
+def start_mlflow_server(folder: Path, port: int, timeout: float = 120.0,
+                        store: str | None = None) -> subprocess.Popen:
     """A real ``mlflow server`` on 127.0.0.1 (sqlite store and artifacts under ``folder``), once /health answers.
 
-    Started in its own session so ``stop_mlflow_server`` ends it and its workers, and nothing else.
-    Starting it again on the same folder and port brings back the same store.
+    ``store``: serve an existing backend store instead (as ``mlflow ui --backend-store-uri`` does; its runs
+    keep the artifact locations they were logged with). Started in its own session so
+    ``stop_mlflow_server`` ends it and its workers, and nothing else. Starting it again on the same
+    folder and port brings back the same store.
     """
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     log = folder / "server.log"
+    where = (["--backend-store-uri", store] if store else
+             ["--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination",
+              str(folder / "artifacts")])
     proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination", str(folder / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=open(log, "a"), start_new_session=True)
+        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", *where],
+        stdout=subprocess.DEVNULL, stderr=open(log, "a"), start_new_session=True, cwd=folder)
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import _free_port, start_mlflow_server, stop_mlflow_server
 from mocolab.data import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,35 +81,14 @@ def sweep(tmp_path_factory):
 def ui(sweep):
     """``mlflow server`` on the sweep's store, as ``mlflow ui --backend-store-uri sqlite:///mlflow.db`` runs it;
     yields its address once /health answers, and stops it (its own session: it and its workers, nothing else)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = sweep["folder"] / "server.log"
+    port = _free_port()
     t0 = time.time()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{sweep['db']}"],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True,
-                            cwd=sweep["folder"])
+    proc = start_mlflow_server(sweep["folder"], port, store=f"sqlite:///{sweep['db']}")
+    print(f"mlflow server: /health after {time.time() - t0:.1f} s")
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail(f"mlflow server did not answer /health: {log.read_text()[-2000:]}")
-            time.sleep(0.3)
-        print(f"mlflow server: /health after {time.time() - t0:.1f} s")
         yield f"http://127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_mlflow_server(proc)
 
 
 def _hash_route(page) -> str:
