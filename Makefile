@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup data postgres chromium run test test-fast train clean
 
-setup: $(STAMP) data postgres chromium
+setup: $(STAMP) data postgres
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,20 +44,23 @@ postgres:
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  echo "PostgreSQL: apt-get install postgresql"; \
 	  (apt-get install -y -qq postgresql >/dev/null 2>&1 || \
-	   (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null)); \
+	   (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || \
+	   echo "PostgreSQL: apt-get failed (mocolab cluster uses sqlite; its PostgreSQL tests skip)"); \
 	else \
 	  echo "PostgreSQL: not installed (mocolab cluster uses sqlite; its PostgreSQL tests skip)"; \
 	fi
 
-# Chromium for the MLflow UI test (tests/test_mlflow_ui.py drives it headless with Playwright): Debian's
-# package where apt-get works and we are root; else that test skips.
+# Chromium for the browser tests (tests/test_mlflow_ui.py drives it headless with Playwright; the report
+# test renders with it): Debian's package where apt-get works and we are root; else those tests skip.
+# `make test` needs it, `make run` does not.
 chromium:
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
 	  echo "Chromium: present"; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  echo "Chromium: apt-get install chromium"; \
 	  (apt-get install -y -qq chromium >/dev/null 2>&1 || \
-	   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); \
+	   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+	   echo "Chromium: apt-get failed (the MLflow UI test skips)"); \
 	else \
 	  echo "Chromium: not installed (the MLflow UI test skips)"; \
 	fi
@@ -67,11 +70,11 @@ RUN_ARGS ?=
 run: setup
 	$(PY) experiments/momentum_ablation.py --preset cpu-quick --momenta 0,0.9,0.99,0.999 $(RUN_ARGS)
 
-test: setup
+test: setup chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
-test-fast: setup
+test-fast: setup chromium
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:
