@@ -165,6 +165,8 @@ PARENT_GUIDE = ("This run is a sweep: each child run is one trial, named by what
                 "`pretext_acc` per epoch. To compare: tick the child runs, press Compare, open Scatter Plot with "
                 "the varied param on X and `linear_top1` on Y. This run's artifacts hold the summary table "
                 "(`summary.csv`), the study's plot and `report/report.html`.")
+
+
 def open_parent(sweep: Sweep) -> SweepRun:
     """The sweep's MLflow parent run, found again by the sweep's name (a resumed sweep has one parent)."""
     params = {"sweep.preset": sweep.preset, "sweep.workers_per_trial": sweep.workers_per_trial,
