@@ -404,3 +404,39 @@ def test_global_batch_norm_without_a_group_is_plain_batch_norm():
     assert torch.allclose(converted(x), ref, atol=1e-6)  # same weights, same statistics, one process
     converted.eval()
     assert set(converted.state_dict()) == plain_keys  # a checkpoint loads into plain BN and back
+
+
+def _sync_bn_trainer_rank(rank: int, world: int) -> dict:
+    """The real Trainer with moco.bn=sync on a CPU gloo group: DDP over the query encoder, global-batch BN."""
+    from mocolab.config import build_config
+    from mocolab.loop import Trainer
+    from mocolab.norm import GlobalBatchNorm
+
+    cfg = build_config("smoke", {"moco.bn": "sync", "run.num_workers": world, "data.subset": 512,
+                                 "queue.size": 256, "optim.batch_size": 64, "model.width": 8})
+    tr = Trainer(cfg, device=torch.device("cpu"))
+    assert sum(isinstance(m, GlobalBatchNorm) for m in tr.encoder.modules()) > 0
+    assert not any(type(m) in (nn.BatchNorm1d, nn.BatchNorm2d) for m in tr.model.encoder_k.modules())
+    batches = tr.data.epoch(tr.epoch_order(0), tr.batch, rank, world, start_step=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(tr.rng_state)
+        losses = [tr.train_step(next(batches)).loss for _ in range(3)]
+    bn = [m for m in tr.encoder.modules() if isinstance(m, GlobalBatchNorm)]
+    return {"losses": losses, "weights": torch.cat([p.detach().flatten() for p in tr.encoder.parameters()]),
+            "running": torch.cat([torch.cat([m.running_mean, m.running_var]) for m in bn]),
+            "key_running": torch.cat([torch.cat([m.running_mean, m.running_var]) for m in tr.model.encoder_k.modules()
+                                      if isinstance(m, GlobalBatchNorm)])}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("mocolab.data", fromlist=["x"]).fashion_mnist_dir() is None,
+                    reason="Fashion-MNIST not installed (make data)")
+def test_trainer_with_sync_bn_trains_on_two_cpu_ranks(tmp_path):
+    """bn=sync on CPU: three steps of the real Trainer under DDP on gloo; every rank ends with the same weights
+    and the same BN running statistics (they were computed over the global batch, not per rank)."""
+    res = launch(_sync_bn_trainer_rank, 2, tmp_path)
+    assert all(all(torch.isfinite(torch.tensor(r["losses"]))) for r in res)
+    assert torch.equal(res[0]["weights"], res[1]["weights"])
+    assert torch.allclose(res[0]["running"], res[1]["running"], atol=1e-6)
+    assert torch.allclose(res[0]["key_running"], res[1]["key_running"], atol=1e-6)
+    assert not torch.allclose(res[0]["running"][: res[0]["running"].numel() // 2], torch.zeros(1))  # they moved

@@ -400,10 +400,9 @@ def validate(cfg: Config) -> Config:
     if mc.bn == "shuffle" and ws < 2:
         raise ValueError("moco.bn: 'shuffle' needs run.num_workers >= 2 ranks to shuffle across; "
                          "in one process use 'split' (virtual groups + in-process shuffle)")
-    if mc.bn == "sync" and (ws < 2 or r.gpus_per_worker <= 0):
-        raise ValueError("moco.bn: 'sync' (SyncBatchNorm) needs run.num_workers >= 2 and "
-                         "run.gpus_per_worker > 0 (torch's SyncBatchNorm has no CPU kernel); "
-                         "on CPU use 'shuffle' or 'split'")
+    if mc.bn == "sync" and ws < 2:
+        raise ValueError("moco.bn: 'sync' (batch-norm over the global batch) needs run.num_workers >= 2 ranks; "
+                         "in one process use 'split' or 'plain'")
 
     if q.size <= 0:
         raise ValueError(f"queue.size: {q.size} must be > 0")

@@ -24,6 +24,7 @@ from .evaluation import ProbeResult, extract_features, knn_accuracy, linear_prob
 from .hardware import resolve_device, resolve_precision
 from .models import build_encoder
 from .moco import MoCo
+from .norm import convert_global_bn
 from .schedule import lr_at
 from .sources import STREAMABLE, MemorySource, TrainSource, subset_positions
 
@@ -148,8 +149,9 @@ class Trainer:
             groups = mc.bn_groups if mc.bn == "split" else 1
             encoder = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim,
                                     hidden=mo.hidden, bn_groups=groups)
-            if mc.bn == "sync":
-                encoder = torch.nn.SyncBatchNorm.convert_sync_batchnorm(encoder)
+            if mc.bn == "sync":  # statistics over the global batch: NCCL's SyncBatchNorm, else ours (gloo)
+                encoder = (torch.nn.SyncBatchNorm.convert_sync_batchnorm(encoder) if self.device.type == "cuda"
+                           else convert_global_bn(encoder))
             queue = mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch,
                                       generator=rng.generator("queue", seed))
         # split: in-process shuffle drawing from the augment stream; shuffle: rank 0's own generator
