@@ -31,11 +31,6 @@ def _repo_root(start: Path) -> Path | None:
     return Path(top) if top else None
 
 
-def git_commit() -> str:
-    """The commit of this mocolab's checkout (the package folder's repository), else ``unknown``."""
-    return _git(["rev-parse", "HEAD"], Path(__file__).resolve().parent) or "unknown"
-
-
 def source_tags(entry: str | None = None) -> dict[str, str]:
     """``mlflow.source.{name,type,git.commit,git.branch,git.repoURL}``, ``mlflow.user`` and a dirty flag.
 
