@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/throughput.py [--steps 30] [--threads 0] [--set key=value ...]
 
 Prints images/s for (a) the two-view augmentation alone and (b) whole MoCo
-training steps (augmentation + query forward/backward + key forward + queue),
+training steps (augmentation + query forward/backward + key forward + queue;
+with ``--preset vit-quick``, MoCo v3's step: both views through both encoders),
 with the core and thread counts, so figures from different machines can be
 compared as ratios.
 """
@@ -36,8 +37,15 @@ def main() -> None:
     b = tr.batch
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads, device {tr.device}")
-    print(f"preset {args.preset}: {cfg.model.backbone} width {cfg.model.width}, batch {b}, K {cfg.queue.size}, "
-          f"augment {cfg.augment.preset}")
+    if cfg.is_vit:
+        net = tr.encoder.backbone
+        model = (f"{cfg.model.backbone} ({len(net.blocks)} blocks, width {net.out_dim}, "
+                 f"{net.patch_size}x{net.patch_size} patches, {net.grid ** 2 + 1} tokens)")
+    else:
+        model = f"{cfg.model.backbone} width {cfg.model.width}"
+    dictionary = "no queue (v3: both views through both encoders)" if cfg.moco.version == "v3" else f"K {cfg.queue.size}"
+    print(f"preset {args.preset}: MoCo {cfg.moco.version}, {model}, batch {b}, {dictionary}, "
+          f"augment {cfg.augment.preset}, {'bf16' if tr.precision else 'fp32'} encoders")
 
     batches = tr.data.epoch(torch.Generator().manual_seed(0), b, rank=0, world_size=1, start_step=0)
     images = [next(batches) for _ in range(args.warmup + args.steps)]

@@ -33,3 +33,30 @@ def test_train_help_lists_the_allowed_values_from_their_single_source():
     for key, values in CHOICES.items():
         line = next(line for line in out.splitlines() if line.strip().startswith(key + " "))
         assert line.split(None, 1)[1].strip() == ", ".join(values)
+
+
+def test_readme_v3_block_is_valid_as_written():
+    """README's MoCo v3 block: each `mocolab train` line resolves (run with --print-config, so no training),
+    and each study line's flags are the script's."""
+    import re
+    import shlex
+
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "README.md").read_text()
+    mark = "<!-- v3-quickstart: checked as written by tests/test_cli.py -->"
+    block = re.search(r"```bash\n(.*?)```", text[text.index(mark):], re.S).group(1)
+    lines = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    trains = [line for line in lines if line.startswith(".venv/bin/mocolab train")]
+    studies = [line for line in lines if "experiments/vit_ablation.py" in line]
+    assert len(trains) == 3 and len(studies) == 2
+    for line in trains:
+        argv = shlex.split(line)[1:]
+        res = _run(str(Path(sys.executable).with_name("mocolab")), *argv, "--print-config")
+        assert res.returncode == 0, line + "\n" + res.stderr
+        shown = dict(row.split(" = ", 1) for row in res.stdout.splitlines() if " = " in row)
+        for key, value in (argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set"):
+            assert shown[key].lower() == value.lower(), (key, shown[key], value)
+    usage = _run(sys.executable, str(repo / "experiments" / "vit_ablation.py"), "--help").stdout
+    for line in studies:
+        for flag in (a for a in shlex.split(line) if a.startswith("--")):
+            assert flag in usage, flag

@@ -57,6 +57,16 @@ def test_closed_forms():
     ({"moco.bn_groups": 3}, "moco.bn_groups", "divide the per-rank batch 256"),
     ({"data.name": "imagefolder"}, "data.root", "folder"),
     ({"data.name": "imagefolder", "data.root": "/nonexistent/imagenet"}, "data.root", "does not exist"),
+    ({"moco.version": "v4"}, "moco.version", "'v3'"),
+    ({"moco.m_schedule": "linear"}, "moco.m_schedule", "cosine"),
+    ({"optim.name": "adam"}, "optim.name", "adamw"),
+    ({"optim.warmup_epochs": 3}, "optim.warmup_epochs", "[0, optim.epochs=3)"),
+    ({"optim.warmup_epochs": -1}, "optim.warmup_epochs", "[0, optim.epochs=3)"),
+    ({"vit.freeze_patch_embed": True}, "vit.freeze_patch_embed", "ViT backbones ['vit_tiny', 'vit_small'] only"),
+    ({"vit.depth": 2}, "vit.depth", "model.backbone is 'convnet'"),
+    ({"model.backbone": "vit_tiny", "vit.patch_size": 5}, "vit.patch_size", "one of [2, 4, 7, 14]"),
+    ({"model.backbone": "vit_tiny", "vit.depth": 65}, "vit.depth", "to 64"),
+    ({"model.head": "mlp4"}, "model.head", "mlp3-bn"),
 ])
 def test_validation_errors_name_field_and_range(overrides, field, hint):
     with pytest.raises(ValueError) as err:
@@ -127,3 +137,20 @@ def test_sync_bn_and_shuffle_need_ranks():
 def test_validate_returns_config_and_defaults_are_valid():
     cfg = Config()
     assert validate(cfg) is cfg
+
+
+def test_v3_reads_no_queue_and_new_fields_keep_old_run_names():
+    """v3 has no queue, so queue.size is not held to the queue's rules; the fields that came with v3 leave
+    the names and fingerprints of runs that do not use them as they were (measured at the commit before)."""
+    from mocolab.config import fingerprint
+
+    cfg = build_config("cpu-quick", {"moco.version": "v3", "queue.size": 1000, "model.backbone": "vit_tiny"})
+    assert cfg.run_name.startswith("cpu-quick-v3-m0.999-s0-") and cfg.image_size == 28 and cfg.is_vit
+    old = {"cpu-quick": ("cpu-quick-m0.999-s0-b9b1f295", "e70fb97a9bf2235c"),
+           "smoke": ("smoke-m0.99-s0-a5b09552", "fa73dafd6ded1e12")}
+    for preset, (name, fp) in old.items():
+        cfg = build_config(preset)
+        assert (cfg.run_name, fingerprint(cfg)) == (name, fp)
+    assert build_config("smoke", {"optim.name": "adamw"}).run_name != old["smoke"][0]
+    scaled = build_config("smoke", {"optim.scale_lr": True, "optim.lr": 0.1})
+    assert scaled.effective_lr == pytest.approx(0.1 * 128 / 256)

@@ -119,16 +119,20 @@ def test_readme_block_four_trials_log_every_metric_to_mlflow_on_postgres(tmp_pat
         assert sorted(r.data.tags["trial"] for r in children) == [f"m={m} seed=0" for m in ("0", "0.9", "0.99", "0.999")]
         # the four ran at once: some moment lies inside all four runs
         assert max(r.info.start_time for r in children) < min(r.info.end_time for r in children)
-        # every epoch's every metric arrived: 2 epochs x 4 steps, one point per epoch, none twice
+        # every epoch's every metric arrived: 2 epochs x 4 steps, one point per epoch, none twice; the
+        # per-step series (the m each step used, the first layer's gradient norm) one point per step
         expected = [4 * (e + 1) for e in range(2)]
         counted = 0
         for r in children:
             assert r.info.status == "FINISHED", r.data.tags
-            for key in ("loss", "lr", "m", "pretext_acc", "knn_top1", "images_per_s", "staleness_mean"):
+            for key in ("loss", "lr", "pretext_acc", "knn_top1", "images_per_s", "staleness_mean"):
                 assert metric_steps(client, r.info.run_id, key) == expected, (r.data.tags["trial"], key)
                 counted += len(expected)
+            for key in ("m", "grad_norm_first_layer"):
+                assert metric_steps(client, r.info.run_id, key) == list(range(1, 9)), (r.data.tags["trial"], key)
+                counted += 8
             assert "linear_top1" in r.data.metrics
-        assert counted == 4 * 7 * 2
+        assert counted == 4 * (6 * 2 + 2 * 8)
         assert Path(cluster_dir / "storage").is_dir() and any((cluster_dir / "storage").iterdir())
     finally:
         os.environ.pop("PGPASSFILE", None)

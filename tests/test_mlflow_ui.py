@@ -188,7 +188,9 @@ def test_a_new_user_finds_the_runs_and_plots_linear_top1_against_m(sweep, ui):
             tree = page.get_by_test_id("column-selector-tree")
             for column in ("linear_top1", "moco.m"):
                 page.get_by_placeholder("Search columns").fill(column)
-                tree.get_by_text(column, exact=True).click()
+                # the item named exactly so: typing moco.m also lists moco.m_schedule, its match highlighted
+                tree.locator(f"xpath=.//*[normalize-space(.)='{column}' and normalize-space(..)='{column}']") \
+                    .first.click()
             page.keyboard.press("Escape")
             for run in children:
                 assert _cell(page, run.info.run_name, "params.`moco.m`") == run.data.params["moco.m"]

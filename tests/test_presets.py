@@ -31,6 +31,20 @@ def test_the_papers_presets_are_listed_and_say_what_they_need():
         build_config("imagenet-resnet50")
 
 
+def test_the_v3_presets_hold_the_papers_settings():
+    # validated on generated 224×224 images of the preset's shape (an ImageNet folder is the user's)
+    shape = {"data.name": "synthetic", "data.synthetic_size": 8192, "data.loader": "auto"}
+    c = build_config("imagenet-vit-small", shape)
+    assert c.image_size == 224 and c.image_size // c.vit.patch_size == 14
+    assert (c.moco.version, c.model.backbone, c.vit.patch_size, c.vit.freeze_patch_embed, c.optim.name,
+            c.optim.batch_size, c.effective_lr, c.optim.warmup_epochs, c.moco.bn) == \
+        ("v3", "vit_small", 16, True, "adamw", 4096, pytest.approx(2.4e-3), 40, "sync")
+    q = build_config("vit-quick")
+    assert (q.moco.version, q.model.backbone, q.image_size // q.vit.patch_size, q.vit.depth) == ("v3", "vit_tiny", 4, 6)
+    with pytest.raises(ValueError, match="moco.bn: 'sync'"):  # sync needs ranks: the preset names 32
+        build_config("imagenet-vit-small", {**shape, "run.num_workers": 0})
+
+
 @pytest.mark.slow
 def test_cifar10_resnet18_trains_on_cifar_shaped_images(tmp_path):
     root = _rgb_folder(tmp_path / "c10", 4608, 32)

@@ -15,14 +15,18 @@ from mocolab.report import build_report, png_size
 from mocolab.tracking import MetricsLogger, RunTracker
 
 
-def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]]) -> str:
-    """A parent run and one child per (m, seed, status), logged as a sweep's trials are."""
+def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]],
+          recipes: dict[str, dict] | None = None, preset: str = "smoke") -> str:
+    """A parent run and one child per (m, seed, status), logged as a sweep's trials are; with ``recipes``,
+    one child per (label, overrides) instead, each with a per-step first-layer gradient series."""
     tracker = RunTracker(uri, experiment)
     client = MlflowClient(uri)
     parent = client.create_run(tracker.experiment_id, run_name="sweep", tags={"mocolab.sweep_parent": "sweep"})
-    for m, seed, status in trials:
-        cfg = build_config("smoke", {"moco.m": m, "run.seed": seed})
-        label = f"m={m:g} seed={seed}"
+    items = ([(label, ov, "finished") for label, ov in recipes.items()] if recipes else
+             [(f"m={m:g} seed={seed}", {"moco.m": m, "run.seed": seed}, status) for m, seed, status in trials])
+    for label, overrides, status in items:
+        cfg = build_config(preset, overrides)
+        m, seed = cfg.moco.m, cfg.run.seed
         child = RunTracker(uri, experiment)
         run_id, _ = child.start(f"sweep--{label}", cfg.flatten(), cfg.to_dict(), tags={"trial": label},
                                 parent_run_id=parent.info.run_id, display_name=label)
@@ -31,8 +35,9 @@ def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]]) -> st
         for epoch in (1, 2, 3):
             if status == "diverged" and epoch == 3:
                 break
+            series = {"grad_norm_first_layer": [[s, 1.0 / s] for s in range(epoch * 10 - 9, epoch * 10 + 1)]}
             log.log({"loss": 7 - epoch * (m + 0.1), "knn_top1": base - 0.1 + 0.03 * epoch,
-                     "pretext_acc": 0.1 * epoch, "staleness_mean": 4.0}, epoch * 10)
+                     "pretext_acc": 0.1 * epoch, "staleness_mean": 4.0}, epoch * 10, series=series)
         if status == "diverged":
             log.log_final({"final_loss": float("nan")}, 25)
         else:
@@ -201,3 +206,27 @@ def test_report_watch_follows_a_sweep_until_it_ends(tmp_path):
     assert "1 running" in out and "report: " in out
     logged = {a.path for a in MlflowClient(uri).list_artifacts(parent, "report")}
     assert "report/report.html" in logged  # the final page is the sweep's record, as a study's closing one is
+
+
+def test_v3_reports_draw_what_their_studies_vary(tmp_path):
+    """The ViT ablation (patch projection x base m) gets accuracy per setting beside every trial's per-step
+    gradient norm, not the v1 paper's momentum curve; a versions comparison gets one bar per recipe and
+    nothing finer (its recipes differ in augmentation, BN and more at once)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    patch = {f"patch={'frozen' if f else 'trained'} m={m:g} seed=0": {"vit.freeze_patch_embed": f, "moco.m": m}
+             for f in (False, True) for m in (0.9, 0.99)}
+    parent = _fill(uri, "vit-ablation", [], recipes=patch, preset="vit-quick")
+    steps = [p.step for p in MlflowClient(uri).get_metric_history(
+        MlflowClient(uri).search_runs(["1"], "tags.trial = 'patch=frozen m=0.9 seed=0'")[0].info.run_id,
+        "grad_norm_first_layer")]
+    assert sorted(steps) == list(range(1, 31))  # the per-step series, every step once
+    rep = build_report("vit-ablation", tmp_path / "patch", parent_run=parent, tracking_uri=uri)
+    assert {p.name for p in rep.figures} == {"vit.png", "curves.png"}
+    assert png_size(tmp_path / "patch" / "vit.png") == (1320, 462)
+
+    versions = {"v1 convnet seed=0": {"moco.version": "v1", "model.backbone": "convnet", "model.head": "linear",
+                                      "vit.patch_size": 0, "vit.depth": 0, "augment.preset": "mocov1"},
+                "v3 vit_tiny seed=0": {}}
+    parent = _fill(uri, "versions", [], recipes=versions, preset="vit-quick")
+    rep = build_report("versions", tmp_path / "versions", parent_run=parent, tracking_uri=uri)
+    assert {p.name for p in rep.figures} == {"versions.png", "curves.png"}

@@ -157,3 +157,42 @@ def test_unreachable_tracking_server_fails_before_work(tmp_path):
     with pytest.raises(ValueError, match="does not answer"):
         fit(cfg, tracking_uri="http://127.0.0.1:9", progress=lambda _m: None)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_v3_vit_on_two_ranks_logs_m_and_the_first_layer_gradient_per_step(tmp_path, ray_session):
+    """MoCo v3 through Ray Train on two gloo ranks: DDP over two forwards per step, the projector's BN over
+    the global batch (bn=sync, norm.GlobalBatchNorm), m rising on its cosine and the patch projection's
+    gradient logged at every step, and the ViT encoder back out of MLflow with the checkpoint's features."""
+    import mocolab
+    from mocolab.data import load_dataset
+    from mocolab.schedule import momentum_at
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _cfg(tmp_path, **{"run.num_workers": 2, "moco.version": "v3", "moco.bn": "sync", "moco.m_schedule": "cosine",
+                            "model.backbone": "vit_tiny", "vit.depth": 1, "vit.patch_size": 7,
+                            "vit.freeze_patch_embed": True, "model.head": "mlp3-bn", "model.dim": 32,
+                            "model.hidden": 64, "optim.name": "adamw", "optim.lr": 1e-3, "optim.warmup_epochs": 1,
+                            "optim.batch_size": 128, "optim.max_steps": None, "optim.epochs": 2,
+                            "run.name": "v3-w2", "run.experiment": "test-train", "run.system_metrics_s": 0})
+    out = fit(cfg, tracking_uri=uri, progress=lambda _m: None)
+    assert out.status == "finished" and out.steps == 32 and out.linear_top1 > 0.3
+    client = MlflowClient(uri)
+    run_id = out.mlflow_run_id
+    m = client.get_metric_history(run_id, "m")
+    assert sorted(p.step for p in m) == list(range(1, 33))  # every step once, the epoch's value not twice
+    for p in m:
+        assert p.value == pytest.approx(momentum_at("cosine", 0.99, p.step - 1, 32))
+    grads = client.get_metric_history(run_id, "grad_norm_first_layer")
+    assert sorted(p.step for p in grads) == list(range(1, 33)) and all(p.value > 0 for p in grads)
+    assert _metric_steps(client, run_id, "loss") == [16, 32]
+    assert client.get_run(run_id).data.tags["mocolab.run_name"] == "v3-w2"
+    # the patch projection never moved, on either rank, and the exported ViT gives the checkpoint's features
+    state, _ = load_rank_state(out.checkpoint_path, 1, 2)
+    init = Trainer(cfg)
+    assert torch.equal(state["encoder_q"]["backbone.patch_embed.weight"], init.encoder.backbone.patch_embed.weight)
+    init.encoder.load_state_dict(state["encoder_q"])
+    images = load_dataset("fashion-mnist", "test").images[:32]
+    encoder = mocolab.load_encoder(run_id, tracking_uri=uri)
+    with torch.no_grad():
+        assert torch.allclose(encoder(images.float() / 255), init.features(images), atol=1e-4)

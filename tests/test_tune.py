@@ -220,3 +220,51 @@ def test_sweep_lines_count_trials_and_estimate_what_is_left():
     lines.on_trial_result(0, trials, trials[1], {"epoch": 4, "loss": 6.0, "images_per_s": 600.0})
     assert "kNN (at the end)" in said[-2] and "ETA" in said[-1]  # its last epoch logged: evaluating, not done
     assert [fmt_duration(s) for s in (5, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+
+
+def test_vit_study_recipes_are_valid_configs():
+    """--compare-versions' recipes over vit-quick build, and say what they are (a fast check of the script's data)."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        from vit_ablation import RECIPES
+    finally:
+        sys.path.pop(0)
+    from mocolab.config import build_config
+
+    got = {name: build_config("vit-quick", ov) for name, ov in RECIPES.items()}
+    assert [(c.moco.version, c.model.backbone, c.model.head, c.optim.name) for c in got.values()] == [
+        ("v1", "convnet", "linear", "sgd"), ("v2", "convnet", "mlp", "sgd"), ("v3", "convnet", "mlp-bn", "lars"),
+        ("v3", "vit_tiny", "mlp3-bn", "adamw")]
+    assert {c.optim.batch_size for c in got.values()} == {256} and {c.data.subset for c in got.values()} == {10_000}
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_vit_study_reports_accuracy_and_the_first_layer_gradient(tmp_path):
+    """The script end to end on tiny settings (--compare-versions: its recipes above, its report figure in
+    test_report.py; a run of it costs another 90 s here)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    tiny = ["--set=data.subset=1024", "--set=eval.knn_bank=1024", "--set=eval.knn_test=500",
+            "--set=eval.linear_train=1024", "--set=eval.linear_steps=10", "--set=optim.max_steps=8",
+            "--set=optim.batch_size=128", "--set=queue.size=512", "--set=vit.depth=1", "--set=optim.warmup_epochs=0"]
+
+    def study(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "experiments" / "vit_ablation.py"),
+                               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                               "--storage", str(tmp_path / "sweeps"), *tiny, *args],
+                              capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+
+    res = study("--momenta", "0.99")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    client, parents, children = _parent_and_children(tmp_path, "vit-ablation")
+    assert sorted(r.data.tags["trial"] for r in children) == ["patch=frozen m=0.99 seed=0",
+                                                              "patch=trained m=0.99 seed=0"]
+    for r in children:  # every step's gradient norm, frozen or not
+        assert len(client.get_metric_history(r.info.run_id, "grad_norm_first_layer")) == 8
+    rows = [line.split() for line in res.stdout.splitlines() if line.split()[:2] in (["frozen", "0.99"],
+                                                                                   ["trained", "0.99"])]
+    assert len(rows) == 2 and all(float(row[-3]) > 0 for row in rows), res.stdout[-2000:]  # ‖g₁‖ max
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"summary.csv", "vit.png"}
+    report = tmp_path / "sweeps" / "patch-vit-quick-s0" / "report"
+    assert sorted(p.name for p in report.glob("*.png")) == ["curves.png", "vit.png"]  # not the v1 paper's curve
+

@@ -13,9 +13,10 @@ from .config import CHOICES, build_config, list_presets
 def _train(args: argparse.Namespace) -> int:
     storage = args.storage or os.environ.get("MOCOLAB_STORAGE")  # a cluster's shared storage, set once per node
     cfg = build_config(args.preset, (args.set or []) + ([f"run.output_dir={storage}"] if storage else []))
-    if args.print_config:
+    if args.print_config:  # the resolved config, validated, and nothing else: no Ray, no MLflow, no training
         for key, value in cfg.flatten().items():
             print(f"{key} = {value}")
+        return 0
     if args.in_process:
         from .loop import run_training  # imported late: torch start-up is not needed for --help
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--storage", default=None, metavar="FOLDER_OR_URI",
                     help="where checkpoints live (run.output_dir): a folder, or any URI Ray Train writes to "
                          "(s3://bucket/runs, gs://..., file:///...); default $MOCOLAB_STORAGE, else run.output_dir")
-    tr.add_argument("--print-config", action="store_true", help="print the resolved config first")
+    tr.add_argument("--print-config", action="store_true", help="print the resolved, validated config and exit without training")
     tr.add_argument("--measure-init", action="store_true",
                     help="also measure kNN top-1 before training (with --in-process)")
     tr.add_argument("--in-process", action="store_true",

@@ -23,12 +23,15 @@ import yaml
 
 # Every list of allowed values is defined once, beside the code that implements it.
 from .augment import PRESETS as AUGMENT_PRESETS
-from .data import DATASETS, TRAIN_SIZES, count_images
+from .data import DATASETS, TRAIN_SIZES, count_images, native_image_size
 from .dist import BN_MODES, LAYOUTS as QUEUE_LAYOUTS
 from .hardware import DEVICES, PRECISIONS
 from .models import BACKBONES, HEADS
+from .moco import VERSIONS
+from .optimizers import OPTIMIZERS
 from .queue import POLICIES as QUEUE_POLICIES
-from .schedule import LR_SCHEDULES
+from .schedule import LR_SCHEDULES, M_SCHEDULES
+from .vit import VIT_SIZES
 from .sources import LOADERS, STREAMABLE
 from .storage import is_uri
 
@@ -40,7 +43,7 @@ PLACEMENTS = ("pack", "spread", "strict_spread")  # Ray placement of a run's wor
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.name": DATASETS, "augment.preset": AUGMENT_PRESETS, "model.backbone": BACKBONES, "model.head": HEADS,
     "moco.bn": BN_MODES, "queue.policy": QUEUE_POLICIES, "queue.layout": QUEUE_LAYOUTS,
-    "optim.schedule": LR_SCHEDULES, "run.device": DEVICES, "run.precision": PRECISIONS, "data.loader": LOADERS,
+    "optim.schedule": LR_SCHEDULES, "moco.version": VERSIONS, "moco.m_schedule": M_SCHEDULES, "optim.name": OPTIMIZERS, "run.device": DEVICES, "run.precision": PRECISIONS, "data.loader": LOADERS,
     "run.placement": PLACEMENTS,
 }
 
@@ -71,12 +74,22 @@ class ModelConfig:
     width: int = 32  # convnet: channels of the first block, doubled per block
     head: str = "mlp"  # v1: linear, v2: mlp
     dim: int = 128  # embedding dimension C of queries, keys and queue
-    hidden: int = 0  # MLP hidden width; 0 = the backbone's feature width
+    hidden: int = 0  # MLP hidden width (projector and v3's predictor); 0 = the backbone's feature width
+
+
+@dataclass
+class VitConfig:
+    """The ViT backbones (model.backbone=vit_tiny|vit_small); refused with any other backbone."""
+    patch_size: int = 0  # 0 = sized for the data: 4 up to 32 px, 8 up to 96, 16 above
+    depth: int = 0  # transformer blocks; 0 = the named size's 12
+    freeze_patch_embed: bool = False  # MoCo v3's stability fix: the random patch projection never trains
 
 
 @dataclass
 class MocoConfig:
-    m: float = 0.999  # key-encoder momentum
+    version: str = "v2"  # v1 and v2: the queue (their recipes differ in head, tau, augmentation); v3: no queue
+    m: float = 0.999  # key-encoder momentum (the base value under m_schedule=cosine)
+    m_schedule: str = "constant"  # cosine: m rises from moco.m to 1 over training (MoCo v3)
     tau: float = 0.2  # softmax temperature (v1: 0.07, v2: 0.2)
     bn: str = "split"
     bn_groups: int = 4  # virtual devices for bn=split
@@ -91,11 +104,14 @@ class QueueConfig:
 
 @dataclass
 class OptimConfig:
+    name: str = "sgd"  # sgd (v1/v2), adamw (v3 ViT), lars (v3 ResNet)
     batch_size: int = 256  # global batch (all ranks together)
     epochs: int = 3
     max_steps: int | None = None  # stop early after this many steps (smoke runs)
     lr: float = 0.06
-    momentum: float = 0.9
+    scale_lr: bool = False  # true: the rate used is lr × batch_size / 256 (MoCo v3's rule)
+    warmup_epochs: float = 0.0  # linear warm-up from 0 before the schedule (MoCo v3: 40 of 300 for ViT)
+    momentum: float = 0.9  # SGD's and LARS's
     weight_decay: float = 5e-4
     schedule: str = "cosine"
 
@@ -130,6 +146,7 @@ class RunConfig:
     experiment: str = "mocolab"  # MLflow experiment
     checkpoint_every: int = 0  # also checkpoint every N steps (0 = at epoch ends only)
     keep_checkpoints: int = 2
+    step_metrics_every: int = 1  # per-step metrics (m, first-layer gradient norm) at every N-th step
     system_metrics_s: float = 10.0  # MLflow system metrics (CPU, memory, GPU) from every worker node, every N s; 0 = off
     max_failures: int = 2  # worker restarts from the latest checkpoint before the run fails
     fault_step: int = 0  # testing: one worker exits at this step on the first attempt (0 = never)
@@ -140,6 +157,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    vit: VitConfig = field(default_factory=VitConfig)
     moco: MocoConfig = field(default_factory=MocoConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -185,9 +203,26 @@ class Config:
         """The given name, else one derived from the config: the same config resumes the same run."""
         if self.run.name:
             return self.run.name
-        flat = {k: v for k, v in self.flatten().items() if not k.startswith("run.") or k == "run.seed"}
+        flat = {k: v for k, v in self.flatten().items() if (not k.startswith("run.") or k == "run.seed")
+                and not _later_default(k, v)}
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        return f"{self.run.preset}-m{self.moco.m}-s{self.run.seed}-{digest}"
+        version = "" if self.moco.version == "v2" else f"{self.moco.version}-"  # v2 names as before versions
+        return f"{self.run.preset}-{version}m{self.moco.m}-s{self.run.seed}-{digest}"
+
+    @property
+    def image_size(self) -> int:
+        """Side of the training images: ``data.image_size``, else the data set's own."""
+        return self.data.image_size or native_image_size(self.data.name)
+
+    @property
+    def is_vit(self) -> bool:
+        return self.model.backbone in VIT_SIZES
+
+    @property
+    def effective_lr(self) -> float:
+        """The peak learning rate used: ``optim.lr``, times batch/256 under ``optim.scale_lr``."""
+        o = self.optim
+        return o.lr * o.batch_size / 256 if o.scale_lr else o.lr
 
     @property
     def ema_half_life(self) -> float:
@@ -202,7 +237,7 @@ class Config:
 
 
 _SECTION_TYPES = {
-    "data": DataConfig, "augment": AugmentConfig, "model": ModelConfig, "moco": MocoConfig,
+    "data": DataConfig, "augment": AugmentConfig, "model": ModelConfig, "vit": VitConfig, "moco": MocoConfig,
     "queue": QueueConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig,
 }
 
@@ -331,6 +366,7 @@ def _range(name: str, value: float, lo: float | None = None, hi: float | None = 
 def validate(cfg: Config) -> Config:
     """Every check that can fail cheaply, run before any data is read or process started."""
     d, a, mo, mc, q, o, e, r = cfg.data, cfg.augment, cfg.model, cfg.moco, cfg.queue, cfg.optim, cfg.eval, cfg.run
+    v = cfg.vit
     flat = cfg.flatten()
     for key, allowed in CHOICES.items():
         _choice(key, flat[key], allowed)
@@ -346,6 +382,9 @@ def validate(cfg: Config) -> Config:
     if o.max_steps is not None:
         _range("optim.max_steps", o.max_steps, 1, allowed="max_steps >= 1 or None")
     _range("optim.momentum", o.momentum, 0.0, 1.0, hi_open=True)
+    _range("optim.warmup_epochs", o.warmup_epochs, 0.0, float(o.epochs), hi_open=True,
+           allowed=f"[0, optim.epochs={o.epochs})")
+    _check_vit(cfg)
     _range("optim.weight_decay", o.weight_decay, 0.0, 1.0)
     _range("augment.crop_min", a.crop_min, 0.0, 1.0, lo_open=True, allowed="(0, 1]")
     _range("augment.jitter", a.jitter, 0.0, 1.0)
@@ -367,6 +406,7 @@ def validate(cfg: Config) -> Config:
     _range("run.checkpoint_every", r.checkpoint_every, 0)
     _range("run.keep_checkpoints", r.keep_checkpoints, 1)
     _range("run.system_metrics_s", r.system_metrics_s, 0)
+    _range("run.step_metrics_every", r.step_metrics_every, 1, allowed="an integer >= 1")
     _range("run.max_failures", r.max_failures, 0)
     _range("run.fault_step", r.fault_step, 0)
     for key in ("subset", "image_size"):
@@ -404,6 +444,12 @@ def validate(cfg: Config) -> Config:
         raise ValueError("moco.bn: 'sync' (batch-norm over the global batch) needs run.num_workers >= 2 ranks; "
                          "in one process use 'split' or 'plain'")
 
+    if mc.version == "v3":  # no queue: the global batch is the dictionary (queue.* is not read)
+        _check_data_path(d)
+        n = cfg.train_size
+        if n is not None and o.batch_size > n:
+            raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
+        return cfg
     if q.size <= 0:
         raise ValueError(f"queue.size: {q.size} must be > 0")
     if q.size % o.batch_size:
@@ -420,16 +466,47 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def _check_vit(cfg: Config) -> None:
+    v = cfg.vit
+    _range("vit.patch_size", v.patch_size, 0, allowed="0 (sized for the data) or a divisor of the image size")
+    _range("vit.depth", v.depth, 0, 64, allowed="0 (the named size's 12) to 64")
+    if not cfg.is_vit:
+        changed = [k for k, default in (("patch_size", 0), ("depth", 0), ("freeze_patch_embed", False))
+                   if getattr(v, k) != default]
+        if changed:
+            raise ValueError(f"vit.{changed[0]}: applies to the ViT backbones {list(VIT_SIZES)} only, and "
+                             f"model.backbone is {cfg.model.backbone!r}")
+        return
+    size = cfg.image_size
+    if v.patch_size and size % v.patch_size:
+        divisors = [p for p in range(2, size // 2 + 1) if size % p == 0]
+        raise ValueError(f"vit.patch_size: {v.patch_size} does not divide the image size {size}; "
+                         f"allowed 0 (sized for the data) or one of {divisors}")
+
+
+# New fields at these values compute what the code before them computed: they are left out of derived run
+# names and of the identity (fingerprint), so a run started before they existed resumes under its old name.
+LATER_DEFAULTS: dict[str, Any] = {
+    "moco.version": "v2", "moco.m_schedule": "constant", "optim.name": "sgd", "optim.scale_lr": False,
+    "optim.warmup_epochs": 0.0, "vit.patch_size": 0, "vit.depth": 0, "vit.freeze_patch_embed": False,
+}
+
+
+def _later_default(key: str, value: Any) -> bool:
+    return key in LATER_DEFAULTS and str(value) == str(LATER_DEFAULTS[key])
+
+
 # Fields that may change between attempts of one run without changing what it computes: a resume
 # ignores them.  Every other field is part of the run's identity (``fingerprint``).
 RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.placement", "run.output_dir",
-                    "run.keep_checkpoints", "run.checkpoint_every", "run.system_metrics_s", "run.fault_step", "run.preset", "run.name",
+                    "run.keep_checkpoints", "run.checkpoint_every", "run.system_metrics_s", "run.step_metrics_every",
+                    "run.fault_step", "run.preset", "run.name",
                     "data.loader", "data.memory_budget_mb", "data.stream_tasks")  # how, not what, is read
 
 
 def identity(flat: Mapping[str, Any]) -> dict[str, str]:
     """The flattened fields that define a run (RESUMABLE_FIELDS left out), as the strings MLflow stores."""
-    return {k: str(v) for k, v in sorted(flat.items()) if k not in RESUMABLE_FIELDS}
+    return {k: str(v) for k, v in sorted(flat.items()) if k not in RESUMABLE_FIELDS and not _later_default(k, v)}
 
 
 def fingerprint(cfg: Config) -> str:

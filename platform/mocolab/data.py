@@ -46,6 +46,8 @@ DATASETS: tuple[str, ...] = ("fashion-mnist", "cifar10", "stl10", "imagefolder",
 # Training-set sizes of the named datasets, so that config validation checks K < N without loading data.
 TRAIN_SIZES: dict[str, int] = {"fashion-mnist": 60_000, "cifar10": 50_000, "stl10": 5_000}
 SPLITS: tuple[str, ...] = ("train", "test")
+# Native image sides of the named datasets (a ViT's patch size must divide them).
+IMAGE_SIZES: dict[str, int] = {"fashion-mnist": 28, "cifar10": 32, "stl10": 96}
 
 # Names of the official Fashion-MNIST release (each may also lie uncompressed).
 FASHION_MNIST_FILES: dict[str, tuple[str, str]] = {
@@ -63,6 +65,13 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp", ".gif")
 DEFAULT_IMAGEFOLDER_SIZE = 64
 SYNTHETIC_CLASSES = 10
 SYNTHETIC_SIZE = 28
+
+
+def native_image_size(name: str) -> int:
+    """The side a data set's images have when ``data.image_size`` leaves them alone."""
+    if name in IMAGE_SIZES:
+        return IMAGE_SIZES[name]
+    return SYNTHETIC_SIZE if name == "synthetic" else DEFAULT_IMAGEFOLDER_SIZE
 
 
 @dataclass(frozen=True, eq=False)

@@ -91,6 +91,17 @@ def max_over_ranks(value: float) -> float:
 
 
 @torch.no_grad()
+def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """The element-wise mean of ``x`` over ranks, on every rank (a collective); ``x`` itself when alone."""
+    _, world = rank_and_world()
+    if world == 1:
+        return x
+    out = x.detach().clone()
+    dist.all_reduce(out)
+    return out / world
+
+
+@torch.no_grad()
 def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
     """All-gather along dim 0 (B×… -> (B·W)×…, rank-major), outside autograd."""
     return _all_gather_cat(x.detach())

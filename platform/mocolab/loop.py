@@ -8,6 +8,7 @@ MLflow: the in-process CLI and the Ray Train worker call the same code.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,9 +24,11 @@ from .config import Config
 from .evaluation import ProbeResult, extract_features, knn_accuracy, linear_probe
 from .hardware import resolve_device, resolve_precision
 from .models import build_encoder
-from .moco import MoCo
+from .moco import MoCo, MoCoV3
 from .norm import convert_global_bn
-from .schedule import lr_at
+from .optimizers import build_optimizer
+from .schedule import lr_at, momentum_at
+from .vit import PatchGradNorm
 from .sources import STREAMABLE, MemorySource, TrainSource, subset_positions
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
@@ -48,10 +51,14 @@ class EpochRecord:
     ema_half_life: float
     max_staleness_bound: float
     seconds: float
+    # per-step series of the epoch, {name: [[step, value], ...]}: the momentum m each step used and the
+    # first layer's gradient norm (the step is the step count after that step, as for the epoch's metrics)
+    per_step: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """Numeric fields for a metrics logger (None-valued monitors are left out)."""
-        return {k: float(v) for k, v in asdict(self).items() if v is not None and k not in ("epoch",)}
+        """Numeric fields for a metrics logger (None-valued monitors and the per-step series are left out)."""
+        return {k: float(v) for k, v in asdict(self).items()
+                if v is not None and k not in ("epoch", "per_step")}
 
 
 @dataclass
@@ -63,6 +70,7 @@ class EpochStats:
     images: int = 0
     seconds: float = 0.0
     recent_loss: float = float("nan")
+    per_step: dict[str, list[list[float]]] = field(default_factory=dict)  # see EpochRecord.per_step
 
     def add(self, loss: float, acc: float, images: int) -> None:
         self.loss_sum += loss
@@ -70,6 +78,11 @@ class EpochStats:
         self.steps += 1
         self.images += images
         self.recent_loss = loss
+
+    def add_series(self, step: int, values: dict[str, float | None]) -> None:
+        for name, value in values.items():
+            if value is not None:
+                self.per_step.setdefault(name, []).append([float(step), float(value)])
 
     @property
     def mean_loss(self) -> float:
@@ -111,11 +124,20 @@ def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset
 
 @dataclass
 class StepResult:
-    """What one training step reports: its loss, pretext accuracy and learning rate."""
+    """What one training step reports: its loss, pretext accuracy, learning rate and momentum."""
     loss: float
     pretext_acc: float
     lr: float
     diverged: bool  # loss not finite or above the divergence threshold: no update was applied
+    m: float = 0.0
+    grad_norm_first: float | None = None  # ‖∂loss/∂W‖ of the backbone's first layer (frozen or not)
+
+
+def first_layer(backbone: torch.nn.Module) -> torch.nn.Module | None:
+    """The first convolution or linear layer the images meet (a ViT's patch projection, a ResNet's conv1)."""
+    if hasattr(backbone, "patch_embed"):
+        return backbone.patch_embed
+    return next((m for m in backbone.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))), None)
 
 
 class Trainer:
@@ -145,27 +167,39 @@ class Trainer:
         seed = cfg.run.seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(rng.stream_seed("init", seed))  # the same initial weights on every rank
-            mc, mo = cfg.moco, cfg.model
+            mc, mo, vit = cfg.moco, cfg.model, cfg.vit
             groups = mc.bn_groups if mc.bn == "split" else 1
+            self.v3 = mc.version == "v3"
             encoder = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim,
-                                    hidden=mo.hidden, bn_groups=groups)
+                                    hidden=mo.hidden, bn_groups=groups, predictor=self.v3, image_size=size,
+                                    patch_size=vit.patch_size, depth=vit.depth,
+                                    freeze_patch_embed=vit.freeze_patch_embed)
             if mc.bn == "sync":  # statistics over the global batch: NCCL's SyncBatchNorm, else ours (gloo)
                 encoder = (torch.nn.SyncBatchNorm.convert_sync_batchnorm(encoder) if self.device.type == "cuda"
                            else convert_global_bn(encoder))
-            queue = mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch,
-                                      generator=rng.generator("queue", seed))
+            queue = None if self.v3 else mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch,
+                                                           generator=rng.generator("queue", seed))
         # split: in-process shuffle drawing from the augment stream; shuffle: rank 0's own generator
         shuffler = mdist.build_shuffler(mc.bn, rng.stream_seed("shuffle", seed) if mc.bn == "shuffle" else None)
         self.precision = resolve_precision(cfg.run.precision, self.device)
-        self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler,
-                          encoder_dtype=self.precision).to(self.device)
+        if self.v3:
+            self.model: MoCo = MoCoV3(encoder, m=mc.m, tau=mc.tau, shuffler=shuffler,
+                                      encoder_dtype=self.precision).to(self.device)
+        else:
+            self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler,
+                              encoder_dtype=self.precision).to(self.device)
         self.encoder = self.model.encoder_q  # the unwrapped query encoder, for evaluation and checkpoints
+        # the first layer's gradient: a ViT's patch projection measured from hooks (it may be frozen),
+        # any other backbone's first layer read from its .grad after DDP has averaged it
+        first = first_layer(self.encoder.backbone)
+        self._first_layer = first
+        self._patch_grad = PatchGradNorm(first) if hasattr(self.encoder.backbone, "patch_embed") else None
         if world_size > 1:  # DDP over the query encoder only: the queue and f_k stay out of its broadcasts
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model.encoder_q = torch.nn.parallel.DistributedDataParallel(self.encoder, device_ids=ids)
         self.augment = build_augmentation(cfg.augment, size, channels).to(self.device)
         o = cfg.optim
-        self.optimizer = torch.optim.SGD(self.encoder.parameters(), lr=o.lr, momentum=o.momentum,
+        self.optimizer = build_optimizer(o.name, self.encoder, cfg.effective_lr, momentum=o.momentum,
                                          weight_decay=o.weight_decay)
         # The augment stream is torch's global generator (kornia draws from it): the trainer keeps
         # its state and swaps it in while it trains (see rng.py).
@@ -173,12 +207,15 @@ class Trainer:
         self.steps_per_epoch = datasets.batches_per_epoch(source.size, self.batch, world_size)
         planned = o.epochs * self.steps_per_epoch
         self.total_steps = min(planned, o.max_steps) if o.max_steps else planned
-        # log(1 + K) is the loss of a uniform guess; a loss DIVERGENCE_FACTOR times that (or NaN) has diverged
-        self.divergence_threshold = DIVERGENCE_FACTOR * math.log(1 + cfg.queue.size)
+        self.warmup_steps = round(o.warmup_epochs * self.steps_per_epoch)
+        # the loss of a uniform guess: log(1 + K) against the queue; v3: 2τ·log(B·W) per direction, two directions
+        uniform = (4 * mc.tau * math.log(cfg.optim.batch_size) if self.v3 else math.log(1 + cfg.queue.size))
+        self.divergence_threshold = DIVERGENCE_FACTOR * uniform  # a loss this far above it (or NaN) has diverged
         self.step = 0
         self.epoch = 0
         self.history: list[EpochRecord] = []
         self.epoch_stats = EpochStats()
+        self.last_epoch_series: dict[str, list[list[float]]] = {}  # the finished epoch's EpochStats.per_step
 
     def epoch_order(self, epoch: int) -> torch.Generator:
         """Data order of an epoch: a function of (seed, epoch) alone, identical on every rank,
@@ -187,7 +224,17 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         o = self.cfg.optim
-        return lr_at(o.schedule, o.lr, step, self.total_steps)
+        return lr_at(o.schedule, self.cfg.effective_lr, step, self.total_steps, self.warmup_steps)
+
+    def records_step(self, step: int) -> bool:
+        """Whether the per-step metrics of the step that makes the count ``step`` are kept: every
+        ``run.step_metrics_every``-th (a million-step run need not send a million points per series)."""
+        return step % self.cfg.run.step_metrics_every == 0
+
+    def momentum(self, step: int) -> float:
+        """The key encoder's momentum for the step after ``step`` steps (``moco.m_schedule``)."""
+        mc = self.cfg.moco
+        return momentum_at(mc.m_schedule, mc.m, step, self.total_steps)
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
@@ -196,7 +243,7 @@ class Trainer:
             # per part, unwrapped from DDP, so a checkpoint reads the same whatever W was
             "encoder_q": self.encoder.state_dict(),
             "encoder_k": self.model.encoder_k.state_dict(),
-            "queue": self.model.queue.state_dict(),
+            "queue": self.model.queue.state_dict() if self.model.queue is not None else {},
             "moco_step": self.model.step.clone(),
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
@@ -204,20 +251,22 @@ class Trainer:
             "rng": torch.get_rng_state() if self._in_epoch else self.rng_state,
             "shuffle_rng": self._shuffle_gen.get_state() if self._shuffle_gen is not None else None,
             "epoch_stats": asdict(self.epoch_stats),
-            "history": [asdict(h) for h in self.history],
+            # the per-step series went to the logger with their epoch: a checkpoint stays small
+            "history": [{**asdict(h), "per_step": {}} for h in self.history],
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.encoder.load_state_dict(state["encoder_q"])
         self.model.encoder_k.load_state_dict(state["encoder_k"])
-        self.model.queue.load_state_dict(state["queue"])
+        if self.model.queue is not None:
+            self.model.queue.load_state_dict(state["queue"])
         self.model.step.copy_(state["moco_step"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.rng_state = state["rng"]
         if self._shuffle_gen is not None and state.get("shuffle_rng") is not None:
             self._shuffle_gen.set_state(state["shuffle_rng"])
-        self.epoch_stats = EpochStats(**state["epoch_stats"])
+        self.epoch_stats = EpochStats(**state["epoch_stats"])  # per_step absent before it existed: empty
         self.history = [EpochRecord(**h) for h in state["history"]]
 
     # ------------------------------------------------------------------ training
@@ -251,22 +300,40 @@ class Trainer:
         Augmentation draws from torch's global generator: ``train_epoch`` swaps
         the trainer's augment stream in around its steps (rng.py).
         """
-        lr = self.lr(self.step)  # cosine schedule over the run's steps
+        lr = self.lr(self.step)  # cosine schedule over the run's steps (after any warm-up)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        m = self.model.m = self.momentum(self.step)  # constant, or rising to 1 (moco.m_schedule)
+        record = self.records_step(self.step + 1)  # this step's per-step metrics are kept (run.step_metrics_every)
+        if self._patch_grad is not None:
+            self._patch_grad.enabled = record
         im_q, im_k = self.augment(images.to(self.device, non_blocking=True))  # two views: B×C×H×W each
         # MoCo forward: query encoder, EMA update of the key encoder, keys on a shuffled batch,
-        # InfoNCE against the queue, enqueue the keys (moco.py)
+        # InfoNCE against the queue, enqueue the keys (moco.py); v3: both views, keys of the global batch
         out = self.model(im_q, im_k)
         loss = float(out.loss.detach())
         # decided across ranks: one rank's NaN stops every rank at this step, so no collective waits forever
         if mdist.any_rank(not math.isfinite(loss) or loss > self.divergence_threshold):
-            return StepResult(loss, 0.0, lr, diverged=True)  # no update from a garbage loss
+            if self._patch_grad is not None:
+                self._patch_grad.grad = None
+            return StepResult(loss, 0.0, lr, diverged=True, m=m)  # no update from a garbage loss
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()  # gradients reach the query encoder only; DDP averages them across ranks
+        grad_first = self._first_layer_grad_norm() if record else None
         self.optimizer.step()
         self.step += 1
-        return StepResult(loss, out.pretext_accuracy, lr, diverged=False)
+        return StepResult(loss, out.pretext_accuracy, lr, diverged=False, m=m, grad_norm_first=grad_first)
+
+    def _first_layer_grad_norm(self) -> float | None:
+        """The norm of the first layer's weight gradient, averaged over ranks as DDP averages gradients."""
+        if self._patch_grad is not None:
+            g = self._patch_grad.grad
+            self._patch_grad.grad = None
+            if g is None:
+                return None
+            return float(mdist.mean_over_ranks(g).norm())
+        w = getattr(self._first_layer, "weight", None)
+        return float(w.grad.norm()) if w is not None and w.grad is not None else None
 
     def _train_epoch(self, progress, on_step) -> tuple[float, float, float, bool]:
         st = self.epoch_stats
@@ -283,6 +350,8 @@ class Trainer:
             if res.diverged:
                 return res.loss, 0.0, 0.0, True
             st.add(res.loss, res.pretext_acc, images.shape[0] * self.world_size)
+            if self.records_step(self.step):
+                st.add_series(self.step, {"m": res.m, "grad_norm_first_layer": res.grad_norm_first})
             st.seconds = time.perf_counter() - t0
             if progress is not None and (i + 1) % report_every == 0 and i + 1 < self.steps_per_epoch:
                 progress(f"  epoch {self.epoch + 1} step {self.step}/{self.total_steps} "
@@ -291,9 +360,20 @@ class Trainer:
                 on_step(self)
         self.epoch += 1
         self.epoch_stats = EpochStats()
+        self.last_epoch_series = st.per_step
         return st.mean_loss, st.mean_acc, st.images / max(st.seconds, 1e-9), False
 
     # ---------------------------------------------------------------- evaluation
+    def backbone_copy(self) -> torch.nn.Module:
+        """A float32 CPU copy of the query backbone without the gradient monitor's hook: what is exported."""
+        if self._patch_grad is not None:
+            self._patch_grad.remove()
+        try:
+            return copy.deepcopy(self.encoder.backbone).float().cpu()
+        finally:
+            if self._patch_grad is not None:
+                self._patch_grad.attach()
+
     def features(self, images: torch.Tensor) -> torch.Tensor:
         return extract_features(self.encoder.backbone, images, self.device)
 
@@ -353,8 +433,12 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     t_start = time.perf_counter()
     tr = trainer or Trainer(cfg)
     main = tr.is_main
+    mc = cfg.moco
+    m_txt = f"m={mc.m}" + (" rising to 1 (cosine)" if mc.m_schedule == "cosine" else "")
+    dictionary = "no queue (v3)" if tr.v3 else f"K={cfg.queue.size}"
     say(f"mocolab: {cfg.data.name} ({tr.data.size} train / {tr.data.test_size} test, {tr.data.kind}), "
-        f"{cfg.model.backbone}, m={cfg.moco.m}, K={cfg.queue.size}, batch={cfg.optim.batch_size} "
+        f"MoCo {mc.version}, {cfg.model.backbone}, {m_txt}, {dictionary}, {cfg.optim.name} "
+        f"lr {cfg.effective_lr:g}, batch={cfg.optim.batch_size} "
         f"on {tr.world_size} rank(s), {tr.total_steps} steps on {tr.device} "
         f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"
         + (f", resuming at step {tr.step}" if tr.step else ""))
@@ -376,10 +460,12 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         last = tr.step >= tr.total_steps
         due = e.knn_every and tr.epoch % e.knn_every == 0 and not last  # the last one comes with the probe
         knn = tr.knn() if main and due else None
-        s_mean, s_max = tr.model.queue.staleness(tr.step)
-        rec = EpochRecord(tr.epoch, tr.step, loss, tr.lr(tr.step - 1), cfg.moco.m, pretext,
-                          knn, rate, s_mean, s_max, cfg.ema_half_life, cfg.max_staleness,
-                          time.perf_counter() - t0)
+        # v3 has no queue: its keys are this step's, so nothing is stale
+        s_mean, s_max = tr.model.queue.staleness(tr.step) if tr.model.queue is not None else (0.0, 0.0)
+        rec = EpochRecord(tr.epoch, tr.step, loss, tr.lr(tr.step - 1), tr.momentum(tr.step - 1), pretext,
+                          knn, rate, s_mean, s_max, cfg.ema_half_life,
+                          0.0 if tr.v3 else cfg.max_staleness, time.perf_counter() - t0,
+                          per_step=tr.last_epoch_series)
         tr.history.append(rec)
         eta = (time.perf_counter() - t_start) / max(1, tr.step - start_step) * (tr.total_steps - tr.step)
         knn_txt = f"kNN {100 * knn:.2f}%" if knn is not None else ("kNN at the end" if last else "kNN -")
@@ -387,6 +473,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
             f"{knn_txt}  {rate:.0f} img/s  ETA {_fmt_time(eta)}")
         if on_epoch is not None:
             on_epoch(rec)
+        rec.per_step = {}  # logged by on_epoch; held no longer (an ImageNet run has a million steps)
     if diverged:
         return TrainResult(None, None, loss, tr.step, True, tr.history, knn_init)
     if not main:

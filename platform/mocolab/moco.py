@@ -1,9 +1,11 @@
-"""Momentum Contrast, as in He et al. 2020 (Algorithm 1), one screen long.
+"""Momentum Contrast, as in He et al. 2020 (Algorithm 1), one screen long; MoCo v3 beside it.
 
 f_q is trained by SGD; f_k is its exponential moving average, updated under
 ``no_grad`` before the key forward pass, never in an optimizer.  Negatives
 come from a FIFO queue of past keys.  ``forward`` reads as the paper's
-pseudo-code.
+pseudo-code.  ``MoCoV3`` (Chen, Xie, He 2021) keeps the momentum encoder and
+drops the queue: the other view's keys of the whole global batch are the
+dictionary, both views are queries, and a predictor sits on the query branch.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dist import gather_no_grad, rank_and_world
 from .moco_loss import info_nce  # noqa: F401  (re-exported: the loss belongs to the method)
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
+
+VERSIONS = ("v1", "v2", "v3")  # moco.version: v1 and v2 share the queue algorithm (their recipes differ), v3 has none
 
 
 @dataclass
@@ -33,7 +38,7 @@ class MoCoOutput:
 
 
 class MoCo(nn.Module):
-    def __init__(self, encoder_q: nn.Module, queue: KeyQueue, m: float = 0.999, tau: float = 0.2,
+    def __init__(self, encoder_q: nn.Module, queue: KeyQueue | None, m: float = 0.999, tau: float = 0.2,
                  shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if not 0.0 <= m < 1.0:
@@ -41,7 +46,9 @@ class MoCo(nn.Module):
         if tau <= 0:
             raise ValueError(f"moco.tau: {tau} must be > 0")
         self.encoder_q = encoder_q
-        self.encoder_k = copy.deepcopy(encoder_q)
+        # v3's query encoder carries a predictor the momentum encoder has not
+        self.encoder_k = encoder_q.without_predictor() if hasattr(encoder_q, "without_predictor") \
+            else copy.deepcopy(encoder_q)
         for p in self.encoder_k.parameters():
             p.requires_grad_(False)
         self.queue = queue
@@ -55,10 +62,16 @@ class MoCo(nn.Module):
         return torch.autocast(x.device.type, dtype=self.encoder_dtype or torch.float32,
                               enabled=self.encoder_dtype is not None)
 
+    def ema_pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """(θ_k, θ_q) by name: f_k's parameters with the query encoder's of the same name (DDP unwrapped)."""
+        q = getattr(self.encoder_q, "module", self.encoder_q)
+        q_params = dict(q.named_parameters())
+        return [(p_k, q_params[name]) for name, p_k in self.encoder_k.named_parameters()]
+
     @torch.no_grad()
     def momentum_update(self) -> None:
         """θ_k ← m·θ_k + (1−m)·θ_q over parameters; f_k's BN statistics stay its own, as in the reference."""
-        for p_k, p_q in zip(self.encoder_k.parameters(), self.encoder_q.parameters()):
+        for p_k, p_q in self.ema_pairs():
             p_k.mul_(self.m).add_(p_q.detach(), alpha=1.0 - self.m)
 
     @torch.no_grad()
@@ -81,3 +94,37 @@ class MoCo(nn.Module):
         self.queue.enqueue(k, int(self.step))
         self.step += 1
         return MoCoOutput(loss, correct, k)
+
+
+class MoCoV3(MoCo):
+    """MoCo v3: symmetric InfoNCE against the other view's keys of the global batch; no queue.
+
+    Query i on rank r has its positive at r·B + i of the all-gathered keys;
+    every other key of the global batch is a negative.  Each direction's
+    cross-entropy is scaled by 2τ and the two directions are summed, as in the
+    reference (``moco/builder.py`` of facebookresearch/moco-v3).
+    """
+
+    def __init__(self, encoder_q: nn.Module, m: float = 0.99, tau: float = 0.2,
+                 shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None) -> None:
+        super().__init__(encoder_q, None, m=m, tau=tau, shuffler=shuffler, encoder_dtype=encoder_dtype)
+
+    def contrast(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One direction: q (B×C, normalised) against every rank's k; (2τ·CE, correct per query)."""
+        k_all = gather_no_grad(k)  # (B·W)×C, rank-major
+        rank, _ = rank_and_world()
+        logits = q @ k_all.T / self.tau
+        labels = torch.arange(q.shape[0], device=q.device) + q.shape[0] * rank
+        loss = F.cross_entropy(logits, labels) * (2 * self.tau)
+        return loss, logits.detach().argmax(dim=1) == labels
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> MoCoOutput:
+        with self._autocast(x1):
+            q1, q2 = self.encoder_q(x1), self.encoder_q(x2)
+        q1, q2 = F.normalize(q1.float(), dim=1), F.normalize(q2.float(), dim=1)
+        self.momentum_update()
+        k1, k2 = self.compute_keys(x1), self.compute_keys(x2)  # no gradient
+        loss12, c12 = self.contrast(q1, k2)
+        loss21, c21 = self.contrast(q2, k1)
+        self.step += 1
+        return MoCoOutput(loss12 + loss21, torch.cat([c12, c21]), k2)

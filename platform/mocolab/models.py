@@ -2,7 +2,8 @@
 
 A backbone maps images to a feature vector (what kNN and the linear probe
 read); the head maps features to the C-dimensional embedding the contrastive
-loss sees (v1: linear, v2: MLP).
+loss sees (v1: linear, v2: MLP, v3: MLPs with batch-norm).  MoCo v3 adds a
+predictor on the query branch only (``Encoder.predictor``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from torch import nn
 
 from .norm import convert_split_bn
 
-BACKBONES = ("convnet", "resnet18", "resnet50")
-HEADS = ("linear", "mlp")  # MoCo v1: linear, v2: MLP
+from .vit import VIT_SIZES, build_vit
+
+BACKBONES = ("convnet", "resnet18", "resnet50", *VIT_SIZES)
+# MoCo v1: linear; v2: mlp; v3: mlp-bn (ResNet: 2 layers) and mlp3-bn (ViT: 3 layers), batch-norm after each
+# layer and a non-affine one at the end, no biases (the reference's _build_mlp)
+HEADS = ("linear", "mlp", "mlp-bn", "mlp3-bn")
 
 
 class ConvNet(nn.Module):
@@ -54,7 +59,12 @@ def _torchvision_resnet(name: str, in_channels: int, cifar_stem: bool) -> nn.Mod
     return net
 
 
-def build_backbone(name: str, in_channels: int, width: int = 32) -> nn.Module:
+def build_backbone(name: str, in_channels: int, width: int = 32, *, image_size: int = 28, patch_size: int = 0,
+                   depth: int = 0, freeze_patch_embed: bool = False) -> nn.Module:
+    """``image_size``, ``patch_size``, ``depth`` and ``freeze_patch_embed`` shape the ViTs only (vit.py)."""
+    if name in VIT_SIZES:
+        return build_vit(name, image_size, in_channels, patch_size=patch_size, depth=depth,
+                         freeze_patch_embed=freeze_patch_embed)
     if name == "convnet":
         return ConvNet(in_channels, width)
     if name == "resnet18":
@@ -64,33 +74,73 @@ def build_backbone(name: str, in_channels: int, width: int = 32) -> nn.Module:
     raise ValueError(f"model.backbone: unknown value {name!r}; choose one of {list(BACKBONES)}")
 
 
+def bn_mlp(layers: int, in_dim: int, hidden: int, out_dim: int, last_bn: bool = True) -> nn.Sequential:
+    """MoCo v3's MLP: Linear (no bias) - BN - ReLU ..., and a last Linear followed by a non-affine BN."""
+    mods: list[nn.Module] = []
+    for i in range(layers):
+        d1 = in_dim if i == 0 else hidden
+        d2 = out_dim if i == layers - 1 else hidden
+        mods.append(nn.Linear(d1, d2, bias=False))
+        if i < layers - 1:
+            mods += [nn.BatchNorm1d(d2), nn.ReLU(inplace=True)]
+        elif last_bn:
+            mods.append(nn.BatchNorm1d(d2, affine=False))
+    return nn.Sequential(*mods)
+
+
 def build_head(kind: str, in_dim: int, dim: int, hidden: int = 0) -> nn.Module:
+    """The projection head; ``hidden`` 0 = the backbone's feature width."""
+    hidden = hidden or in_dim
     if kind == "linear":
         return nn.Linear(in_dim, dim)
     if kind == "mlp":
-        hidden = hidden or in_dim
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, dim))
+    if kind == "mlp-bn":
+        return bn_mlp(2, in_dim, hidden, dim)
+    if kind == "mlp3-bn":
+        return bn_mlp(3, in_dim, hidden, dim)
     raise ValueError(f"model.head: unknown value {kind!r}; choose one of {list(HEADS)}")
 
 
-class Encoder(nn.Module):
-    """backbone + head; ``features`` is what evaluation reads, ``forward`` what the loss reads."""
+def build_predictor(dim: int, hidden: int) -> nn.Sequential:
+    """MoCo v3's predictor on the query branch: two layers, no final batch-norm."""
+    return bn_mlp(2, dim, hidden, dim, last_bn=False)
 
-    def __init__(self, backbone: nn.Module, head: nn.Module) -> None:
+
+class Encoder(nn.Module):
+    """backbone + head (+ predictor, MoCo v3's query branch); ``features`` is what evaluation reads,
+    ``forward`` what the loss reads.
+
+    The predictor is registered last, so a key encoder built from backbone and
+    head pairs with the query encoder's first parameters (``MoCo.momentum_update``).
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Module, predictor: nn.Module | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
+        self.predictor = predictor
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x))
+        z = self.head(self.backbone(x))
+        return self.predictor(z) if self.predictor is not None else z
+
+    def without_predictor(self) -> "Encoder":
+        """A copy of backbone and head only: MoCo v3's momentum encoder."""
+        import copy
+
+        return Encoder(copy.deepcopy(self.backbone), copy.deepcopy(self.head))
 
 
 def build_encoder(backbone: str, in_channels: int, *, width: int = 32, head: str = "mlp", dim: int = 128,
-                  hidden: int = 0, bn_groups: int = 1) -> Encoder:
-    net = build_backbone(backbone, in_channels, width)
+                  hidden: int = 0, bn_groups: int = 1, predictor: bool = False, image_size: int = 28,
+                  patch_size: int = 0, depth: int = 0, freeze_patch_embed: bool = False) -> Encoder:
+    net = build_backbone(backbone, in_channels, width, image_size=image_size, patch_size=patch_size, depth=depth,
+                         freeze_patch_embed=freeze_patch_embed)
     if bn_groups > 1:
         convert_split_bn(net, bn_groups)
-    return Encoder(net, build_head(head, net.out_dim, dim, hidden))
+    pred = build_predictor(dim, hidden or net.out_dim) if predictor else None
+    return Encoder(net, build_head(head, net.out_dim, dim, hidden), pred)

@@ -5,7 +5,10 @@ reads the runs with ``MlflowClient.search_runs`` (the same records the MLflow
 UI shows), finds what varies across them, and draws: accuracy against
 momentum (log(1−m) axis, the paper's ImageNet curve on a second axis),
 accuracy against queue size, grouped bars for augmentation and batch-norm
-settings, per-trial training curves, and a table of every trial with a link
+settings; for MoCo v3 runs, accuracy per patch projection and base momentum
+beside every trial's first-layer gradient norm per step, and bars per recipe
+when the MoCo version varies (the recipes differ in many fields at once, so
+nothing finer is drawn); per-trial training curves, and a table of every trial with a link
 into the MLflow UI.  Output: PNG files and one self-contained HTML page
 (images embedded), also logged as artifacts of the parent run.
 """
@@ -26,7 +29,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .analysis import PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, summarise  # noqa: E402
+from .analysis import (PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, patch_momentum_table,  # noqa: E402
+                       summarise, vit_plot)
+
+GRAD_FIRST = "grad_norm_first_layer"  # the per-step metric of the first layer's gradient (loop.py)
 from .tracking import Store, redact_uri, run_link, trials_frame  # noqa: E402
 
 CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
@@ -178,18 +184,32 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
 
     varying = _varying(df)
     figures: list[tuple[str, Path]] = []
-    if "moco.m" in varying:
+    v3 = "params.moco.version" in df and (df["params.moco.version"].astype(str) == "v3").any()
+    if "moco.version" in varying:  # recipes that differ in many fields at once: one bar per recipe, nothing finer
+        by = df.assign(**{"params.recipe": [f"{v} {b}" for v, b in zip(df["params.moco.version"],
+                                                                         df["params.model.backbone"])]})
+        figures.append(("MoCo versions at one budget (grouped bars: linear probe and kNN)", bar_plot(
+            summarise(by, "recipe"), "recipe", "MoCo v1, v2, v3", out / "versions.png")))
+        varying_keys: list[str] = []
+    else:
+        varying_keys = varying
+    if v3 and ("moco.m" in varying_keys or "vit.freeze_patch_embed" in varying_keys):  # the ViT ablation
+        curves = {str(r.label): store.metric_history(r.run_id, GRAD_FIRST) for r in df.itertuples()}
+        figures.append(("MoCo v3: accuracy against base momentum per patch projection (trained | frozen), and "
+                        "the first layer's gradient norm at every step of every trial",
+                        vit_plot(patch_momentum_table(df), curves, out / "vit.png")))
+    elif "moco.m" in varying_keys:
         table = summarise(df, "moco.m")
         figures.append(("Accuracy against momentum (mean ± std over seeds; red: trials that did not finish; "
                         "the paper's ImageNet numbers on the right axis, a different dataset and scale)",
                         momentum_plot(table, PAPER_MOMENTUM, out / "momentum.png")))
-    if "queue.size" in varying:
+    if "queue.size" in varying_keys:
         table = summarise(df, "queue.size").dropna(subset=["knn_top1_mean"])
         if not table.empty:
             figures.append(("Accuracy against queue size K", line_plot(
                 table, "queue.size", "queue size K (log scale)", "Queue-size ablation", out / "queue.png")))
     for key, name in (("augment.preset", "augmentation"), ("moco.bn", "batchnorm")):
-        if key in varying:
+        if key in varying_keys:
             figures.append((f"{name.capitalize()} settings (grouped bars: linear probe and kNN)", bar_plot(
                 summarise(df, key), key, f"{name} ablation", out / f"{name}.png")))
     figures.append(("Training curves of every trial (dotted: did not finish)", _curves(store, df, out / "curves.png")))

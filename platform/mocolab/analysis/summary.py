@@ -67,3 +67,17 @@ def welch_t(a: Iterable[float], b: Iterable[float]) -> tuple[float, float] | Non
 
     res = stats.ttest_ind(a, b, equal_var=False)
     return float(res.statistic), float(res.pvalue)
+
+
+def patch_momentum_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The ViT ablation's summary: per (patch projection trained|frozen, base m), as ``summarise`` gives it,
+    with ``patch`` and ``moco.m`` columns; runs from before ``vit.freeze_patch_embed`` existed count as trained."""
+    frozen = df.get("params.vit.freeze_patch_embed", pd.Series(False, index=df.index))
+    df = df.assign(**{"params.patch": ["frozen" if str(v).lower() in ("true", "1", "1.0") else "trained"
+                                       for v in frozen]})
+    df["params.setting"] = [f"patch={p} m={float(m):g}" for p, m in zip(df["params.patch"], df["params.moco.m"])]
+    table = summarise(df, "setting")
+    first = df.drop_duplicates("params.setting").set_index("params.setting")
+    table["patch"] = [first.loc[s, "params.patch"] for s in table["setting"]]
+    table["moco.m"] = [float(first.loc[s, "params.moco.m"]) for s in table["setting"]]
+    return table.sort_values(["patch", "moco.m"]).reset_index(drop=True)

@@ -22,6 +22,8 @@ from ..sources import DatasetRecord
 from .source import source_tags
 from .store import PARENT_ID_TAG, RUN_NAME_TAG, Store, _quote
 
+MAX_BATCH = 1000  # metrics per log_batch call: MLflow's limit
+
 
 class RunTracker:
     """Driver side: one MLflow run per training run name."""
@@ -105,11 +107,19 @@ class MetricsLogger:
             self._went_down(err)
             self.last_step = -1
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
-        """Per-epoch metrics; a step at or below the last one logged (a restart's replay) is skipped."""
+    def log(self, metrics: Mapping[str, float], step: int,
+            series: Mapping[str, list[list[float]]] | None = None) -> None:
+        """Per-epoch metrics, and the epoch's per-step ``series`` ({name: [[step, value], ...]}); an epoch
+        at or below the last step logged (a restart's replay) is skipped whole."""
         if step <= self.last_step:
             return
-        self._send(metrics, step)
+        now = int(time.time() * 1000)
+        points = [Metric(name, float(v), now, int(s)) for name, pairs in (series or {}).items() for s, v in pairs]
+        points += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        # the epoch's own metrics last, so "loss" (what a restart reads as logged) arrives with the final batch
+        for i in range(0, len(points), MAX_BATCH):
+            self.pending.append(points[i:i + MAX_BATCH])
+        self.flush()
         self.last_step = step
 
     def log_final(self, metrics: Mapping[str, float], step: int) -> None:

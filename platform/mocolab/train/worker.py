@@ -8,7 +8,6 @@ Rank 0 logs to MLflow by run id; the driver owns the run's life.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import resource
@@ -107,7 +106,7 @@ def log_trained_models(trainer: Trainer, result, loop_config: dict) -> None:
 
     images, _ = next(iter(trainer.data.eval_split("test", 4)))
     example = images[:4].float().div(255.0)
-    features = FeatureExtractor(copy.deepcopy(trainer.encoder.backbone).float().cpu(), trainer.data.channels)
+    features = FeatureExtractor(trainer.backbone_copy(), trainer.data.channels)
     uris = log_models(loop_config["tracking_uri"], loop_config["mlflow_run_id"],
                       {ENCODER: features, CLASSIFIER: ProbeClassifier(features, result.probe)}, example,
                       step=result.steps)
@@ -208,7 +207,9 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
     def on_epoch(rec: EpochRecord) -> None:
         metrics = rec.metrics()
         if logger is not None:  # MLflow keeps the step itself: a "step" metric would only be noise in its UI
-            logger.log({k: v for k, v in metrics.items() if k != "step"}, rec.step)
+            # m comes once per step in the series (the epoch's value is its last point)
+            logger.log({k: v for k, v in metrics.items() if k != "step" and k not in rec.per_step}, rec.step,
+                       series=rec.per_step)
         _report(trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
 
     memory.sample()
