@@ -113,21 +113,20 @@ class MetricsLogger:
         at or below the last step logged (a restart's replay) is skipped whole."""
         if step <= self.last_step:
             return
+        self._send(metrics, step, series)
+        self.last_step = step
+
+    def log_final(self, metrics: Mapping[str, float], step: int) -> None:
+        self._send(metrics, step)
+
+    def _send(self, metrics: Mapping[str, float], step: int,
+              series: Mapping[str, list[list[float]]] | None = None) -> None:
         now = int(time.time() * 1000)
         points = [Metric(name, float(v), now, int(s)) for name, pairs in (series or {}).items() for s, v in pairs]
         points += [Metric(k, float(v), now, step) for k, v in metrics.items()]
         # the epoch's own metrics last, so "loss" (what a restart reads as logged) arrives with the final batch
         for i in range(0, len(points), MAX_BATCH):
             self.pending.append(points[i:i + MAX_BATCH])
-        self.flush()
-        self.last_step = step
-
-    def log_final(self, metrics: Mapping[str, float], step: int) -> None:
-        self._send(metrics, step)
-
-    def _send(self, metrics: Mapping[str, float], step: int) -> None:
-        now = int(time.time() * 1000)
-        self.pending.append([Metric(k, float(v), now, step) for k, v in metrics.items()])
         self.flush()
 
     def flush(self) -> bool:
