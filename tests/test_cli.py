@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from mocolab.config import CHOICES
 
@@ -35,20 +35,24 @@ def test_train_help_lists_the_allowed_values_from_their_single_source():
         assert line.split(None, 1)[1].strip() == ", ".join(values)
 
 
-def test_readme_v3_block_is_valid_as_written():
-    """README's MoCo v3 block: each `mocolab train` line resolves (run with --print-config, so no training),
-    and each study line's flags are the script's."""
+@pytest.mark.parametrize("mark, script, n_trains, n_studies", [
+    ("v3-quickstart", "vit_ablation.py", 3, 2),
+    ("negatives-quickstart", "negatives_ablation.py", 4, 2),
+])
+def test_readme_blocks_are_valid_as_written(mark, script, n_trains, n_studies):
+    """README's MoCo v3 and negatives blocks: each `mocolab train` line resolves (run with --print-config, so
+    no training) to the values it sets, and each study line's flags are the script's."""
     import re
     import shlex
 
     repo = Path(__file__).resolve().parents[1]
     text = (repo / "README.md").read_text()
-    mark = "<!-- v3-quickstart: checked as written by tests/test_cli.py -->"
+    mark = f"<!-- {mark}: checked as written by tests/test_cli.py -->"
     block = re.search(r"```bash\n(.*?)```", text[text.index(mark):], re.S).group(1)
     lines = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
     trains = [line for line in lines if line.startswith(".venv/bin/mocolab train")]
-    studies = [line for line in lines if "experiments/vit_ablation.py" in line]
-    assert len(trains) == 3 and len(studies) == 2
+    studies = [line for line in lines if f"experiments/{script}" in line]
+    assert len(trains) == n_trains and len(studies) == n_studies
     for line in trains:
         argv = shlex.split(line)[1:]
         res = _run(str(Path(sys.executable).with_name("mocolab")), *argv, "--print-config")
@@ -56,7 +60,7 @@ def test_readme_v3_block_is_valid_as_written():
         shown = dict(row.split(" = ", 1) for row in res.stdout.splitlines() if " = " in row)
         for key, value in (argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set"):
             assert shown[key].lower() == value.lower(), (key, shown[key], value)
-    usage = _run(sys.executable, str(repo / "experiments" / "vit_ablation.py"), "--help").stdout
+    usage = _run(sys.executable, str(repo / "experiments" / script), "--help").stdout
     for line in studies:
         for flag in (a for a in shlex.split(line) if a.startswith("--")):
             assert flag in usage, flag

@@ -67,6 +67,18 @@ def test_closed_forms():
     ({"model.backbone": "vit_tiny", "vit.patch_size": 5}, "vit.patch_size", "one of [2, 4, 7, 14]"),
     ({"model.backbone": "vit_tiny", "vit.depth": 65}, "vit.depth", "to 64"),
     ({"model.head": "mlp4"}, "model.head", "mlp3-bn"),
+    ({"moco.negatives": "bank"}, "moco.negatives", "'memory_bank'"),
+    ({"moco.negatives": "in_batch", "moco.version": "v3"}, "moco.negatives", "use moco.version=v2"),
+    ({"moco.negatives": "in_batch", "moco.bn": "shuffle", "run.num_workers": 2}, "moco.bn", "no key encoder"),
+    ({"queue.policy": "lru"}, "queue.policy", "'random'"),
+    ({"queue.policy": "random", "queue.layout": "sharded", "run.num_workers": 2}, "queue.policy",
+     "queue.layout=replicated"),
+    ({"queue.policy": "random", "moco.negatives": "in_batch"}, "queue.policy", "there is none"),
+    ({"bank.momentum": 0.9}, "bank.momentum", "moco.negatives=memory_bank only"),
+    ({"moco.negatives": "memory_bank", "bank.momentum": 1.0}, "bank.momentum", "[0, 1)"),
+    ({"moco.negatives": "memory_bank", "bank.negatives": -1}, "bank.negatives", "0 (queue.size)"),
+    ({"moco.negatives": "memory_bank", "bank.negatives": 60_000}, "bank.negatives", "training-set size 60000"),
+    ({"eval.drift_probes": -1}, "eval.drift_probes", ">= 0"),
 ])
 def test_validation_errors_name_field_and_range(overrides, field, hint):
     with pytest.raises(ValueError) as err:
@@ -154,3 +166,19 @@ def test_v3_reads_no_queue_and_new_fields_keep_old_run_names():
     assert build_config("smoke", {"optim.name": "adamw"}).run_name != old["smoke"][0]
     scaled = build_config("smoke", {"optim.scale_lr": True, "optim.lr": 0.1})
     assert scaled.effective_lr == pytest.approx(0.1 * 128 / 256)
+
+
+def test_negative_sources_read_only_their_own_fields_and_keep_old_run_names():
+    """A memory bank or in-batch negatives read no queue (queue.size need not divide anything); the bank's K
+    defaults to the queue's; the new fields at their defaults leave old runs' names and fingerprints alone
+    (the pins in the test above), and a non-queue source names its runs."""
+    bank = build_config("cpu-quick", {"moco.negatives": "memory_bank", "queue.size": 16384})
+    assert bank.bank_negatives == 16384 and not bank.uses_queue
+    assert bank.run_name.startswith("cpu-quick-bank-m0.999-s0-")
+    inb = build_config("cpu-quick", {"moco.negatives": "in_batch", "queue.size": 1000})
+    assert inb.run_name.startswith("cpu-quick-inbatch-") and not inb.uses_queue
+    assert build_config("cpu-quick", {"moco.negatives": "memory_bank", "bank.negatives": 4096}).bank_negatives == 4096
+    rand = build_config("cpu-quick", {"queue.policy": "random"})
+    assert rand.uses_queue and rand.run_name != build_config("cpu-quick").run_name
+    # one rank: the layouts are one queue, so random replacement is allowed with either
+    build_config("cpu-quick", {"queue.policy": "random", "queue.layout": "sharded"})

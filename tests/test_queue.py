@@ -59,3 +59,47 @@ def test_state_dict_carries_queue():
     r = KeyQueue(size=8, dim=2, batch_size=4)
     r.load_state_dict(q.state_dict())
     assert torch.equal(r.keys, q.keys) and int(r.ptr) == 4 and r.write_step[:4].tolist() == [7] * 4
+
+
+def test_fifo_oldest_key_is_k_over_bw_and_random_replacement_exceeds_it():
+    """queue.policy: FIFO's oldest key, once full, is exactly K/(B·W) steps old at every step; random
+    replacement fills the ring as FIFO, then overwrites random slots, so some keys grow older than that."""
+    k, b = 64, 8
+    fifo, rand = KeyQueue(size=k, dim=2, batch_size=b), KeyQueue(size=k, dim=2, batch_size=b, policy="random")
+    ages_fifo, ages_rand = [], []
+    for step in range(200):
+        for q in (fifo, rand):
+            q.enqueue(torch.randn(b, 2), step, index=torch.arange(b) + b * step)
+        if step + 1 >= k // b:  # full
+            ages_fifo.append(fifo.staleness(step + 1)[1])
+            ages_rand.append(rand.staleness(step + 1)[1])
+    assert set(ages_fifo) == {k / b} == {fifo.max_staleness}
+    assert max(ages_rand) > k / b  # unbounded: here several times the FIFO bound
+    assert min(ages_rand) >= k / b  # never younger than FIFO's oldest: a full ring loses a key per slot drawn
+    assert rand.ages(200).mean() == pytest.approx(k / b, rel=0.5)  # geometric ages with mean about K/(B·W)
+    # every key remembers its training image: FIFO's slots hold the last K/B batches' images
+    assert sorted(fifo.source.tolist()) == list(range(b * (200 - k // b), b * 200))
+
+
+def test_random_replacement_is_reproducible_and_resumes_from_its_state_dict():
+    a = KeyQueue(size=32, dim=2, batch_size=4, policy="random", seed=3)
+    for step in range(12):
+        a.enqueue(torch.randn(4, 2), step)
+    b = KeyQueue(size=32, dim=2, batch_size=4, policy="random", seed=3)
+    b.load_state_dict(a.state_dict())
+    keys = torch.randn(4, 2)
+    assert torch.equal(a.enqueue(keys, 12), b.enqueue(keys, 12))  # the same slots drawn after a resume
+    assert torch.equal(a.keys, b.keys) and torch.equal(a.write_step, b.write_step)
+
+
+def test_a_fifo_queue_loads_a_checkpoint_from_before_source_existed():
+    old = KeyQueue(size=8, dim=2, batch_size=4)
+    state = {k: v for k, v in old.state_dict().items() if k not in ("source", "_extra_state")}
+    new = KeyQueue(size=8, dim=2, batch_size=4)
+    new.load_state_dict(state)
+    assert new.source.tolist() == [-1] * 8
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="queue.policy"):
+        KeyQueue(size=8, dim=2, batch_size=4, policy="lifo")

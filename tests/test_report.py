@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from mocolab.config import build_config
 from mocolab.report import build_report, png_size
-from mocolab.tracking import MetricsLogger, RunTracker
+from mocolab.tracking import MetricsLogger, RunTracker, trials_frame
 
 
 def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]],
@@ -230,3 +230,41 @@ def test_v3_reports_draw_what_their_studies_vary(tmp_path):
     parent = _fill(uri, "versions", [], recipes=versions, preset="vit-quick")
     rep = build_report("versions", tmp_path / "versions", parent_run=parent, tracking_uri=uri)
     assert {p.name for p in rep.figures} == {"versions.png", "curves.png"}
+
+
+def test_negatives_report_reads_the_middle_epochs_drift_probes(tmp_path):
+    """A negatives sweep (sources and queue policies vary): the report draws negatives.png, not the momentum
+    curve, from each trial's per-epoch diagnostics artifacts, and the table's drift is the middle epoch's."""
+    from mocolab.report import negatives_drift
+    from mocolab.tracking import Store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    recipes = {"in batch": {"moco.negatives": "in_batch"}, "memory bank": {"moco.negatives": "memory_bank"},
+               "queue fifo m=0.5": {"moco.m": 0.5}, "queue random m=0.99": {"queue.policy": "random"}}
+    parent = _fill(uri, "negatives-ablation", [], recipes=recipes)
+    store = Store(uri)
+    for run in store.runs(store.experiment_id("negatives-ablation"), parent_run_id=parent):
+        if run.data.params["moco.negatives"] == "in_batch":
+            continue
+        log = MetricsLogger(uri, run.info.run_id)
+        for epoch, cos in ((1, 0.9), (2, 0.5), (3, 0.99)):  # epoch 2, the middle, is the one to read
+            log.log_dict({"step": 10 * epoch, "age_histogram": {"edges": [0, 4, 8], "counts": [3, 5]},
+                          "probes": {"age": [1.0, 8.0], "drift_cos": [cos, cos - 0.1], "stored_cos": [0.8, 0.7]}},
+                         f"negatives/epoch_{epoch:04d}.json")
+    df = trials_frame(store.runs(store.experiment_id("negatives-ablation"), parent_run_id=parent))
+    table, drift, epoch = negatives_drift(store, df)
+    assert epoch == "2" and set(drift) == {"memory bank", "queue fifo m=0.5", "queue random m=0.99"}
+    assert list(table["setting"]) == ["in batch", "memory bank", "queue fifo m=0.5", "queue random m=0.99"]
+    assert table["drift_cos"].tolist() == pytest.approx([1.0, 0.45, 0.45, 0.45])
+    rep = build_report("negatives-ablation", tmp_path / "out", parent_run=parent, tracking_uri=uri)
+    assert {p.name for p in rep.figures} == {"negatives.png", "curves.png"} and len(df) == 4
+    assert png_size(tmp_path / "out" / "negatives.png") == (1430, 506)
+
+
+def test_a_runs_dictionary_plot_draws_ages_and_drift_per_epoch(tmp_path):
+    from mocolab.analysis import dictionary_plot
+
+    drift = {e: ([1.0, 2.0, 3.0, 4.0], [1.0, 0.9 - 0.01 * e, 0.8, 0.7]) for e in range(1, 10)}
+    path = dictionary_plot({"age_histogram": {"edges": [0, 2, 4], "counts": [2, 2]}}, drift,
+                           tmp_path / "d.png", "queue", fifo_bound=4)
+    assert png_size(path) == (1320, 462)

@@ -50,6 +50,13 @@ def test_streamed_batches_are_the_in_memory_batches(tmp_path, ray_session, name)
             assert all(torch.equal(g, w) for g, w in zip(got, want))
             resumed = list(stream.epoch(gen(), 16, rank, 2, 5))  # a restart at step 5 of the epoch
             assert len(resumed) == len(want) - 5 and all(torch.equal(g, w) for g, w in zip(resumed, want[5:]))
+    # with their positions in the training set (memory bank, drift probes), and the images at positions
+    got = list(stream.epoch_indexed(rng.generator("data", 7, epoch=1), 16, 1, 2, 3))
+    want = list(memory.epoch_indexed(rng.generator("data", 7, epoch=1), 16, 1, 2, 3))
+    assert all(torch.equal(g[1], w[1]) and torch.equal(g[0], w[0]) for g, w in zip(got, want))
+    pos = torch.cat([w[1] for w in want])
+    assert torch.equal(stream.images_at(pos), memory.images_at(pos))
+    assert torch.equal(memory.images_at(pos[:16]), want[0][0])
     first = list(memory.epoch(rng.generator("data", 7, epoch=0), 16, 0, 1, 0))
     second = list(memory.epoch(rng.generator("data", 7, epoch=1), 16, 0, 1, 0))
     assert not torch.equal(first[0], second[0])  # a new order every epoch

@@ -238,6 +238,59 @@ def test_vit_study_recipes_are_valid_configs():
     assert {c.optim.batch_size for c in got.values()} == {256} and {c.data.subset for c in got.values()} == {10_000}
 
 
+def test_negatives_study_settings_are_valid_configs():
+    """The negatives ablation's settings over cpu-quick build, each what its name says (a fast check)."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        from negatives_ablation import settings
+    finally:
+        sys.path.pop(0)
+    from mocolab.analysis import negatives_setting
+    from mocolab.config import build_config
+
+    got = {name: build_config("cpu-quick", ov) for name, ov in settings([0.5, 0.999]).items()}
+    assert list(got) == ["in batch", "memory bank", "queue fifo m=0.5", "queue fifo m=0.999", "queue random m=0.999"]
+    for name, cfg in got.items():  # the report's label for a trial is the setting it was run as
+        assert negatives_setting(cfg.moco.negatives, cfg.queue.policy, cfg.moco.m) == name
+    assert {c.optim.batch_size for c in got.values()} == {256} and got["memory bank"].bank_negatives == 16384
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_negatives_study_reports_ages_drift_and_accuracy_per_source(tmp_path):
+    """The script end to end on tiny settings: every source's trial, the table with ages and drift, the plot,
+    the per-epoch diagnostics artifacts of every stored dictionary."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    tiny = ["--set=data.subset=1024", "--set=eval.knn_bank=512", "--set=eval.knn_test=256",
+            "--set=eval.linear_train=512", "--set=eval.linear_steps=10", "--set=optim.epochs=2",
+            "--set=optim.batch_size=64", "--set=queue.size=256", "--set=eval.drift_probes=32"]
+    res = subprocess.run([sys.executable, str(REPO / "experiments" / "negatives_ablation.py"),
+                          "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage", str(tmp_path / "sweeps"),
+                          "--momenta", "0.5", *tiny], capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    client, parents, children = _parent_and_children(tmp_path, "negatives-ablation")
+    assert sorted(r.data.tags["trial"] for r in children) == [
+        "in batch seed=0", "memory bank seed=0", "queue fifo m=0.5 seed=0", "queue random m=0.999 seed=0"]
+    settings = ("in batch", "memory bank", "queue fifo m=0.5", "queue random m=0.999")
+    rows = {name: line.strip()[len(name):].split() for line in res.stdout.splitlines() for name in settings
+            if line.strip().startswith(name + " ")}  # linear, kNN, age mean, age max, drift, entry, status
+    assert set(rows) == set(settings), res.stdout[-3000:]
+    assert float(rows["queue fifo m=0.5"][3]) == 256 / 64  # age max: FIFO's K/(B·W)
+    assert float(rows["queue random m=0.999"][3]) > 256 / 64  # random replacement keeps keys longer
+    assert float(rows["memory bank"][3]) > 256 / 64  # a bank's entries are up to an epoch old
+    assert float(rows["in batch"][3]) == 0 and float(rows["in batch"][4]) == 1.0  # fresh by construction
+    assert all(0 < float(row[4]) <= 1.0 for row in rows.values())
+    for r in children:
+        arts = {a.path for a in client.list_artifacts(r.info.run_id, "negatives")}
+        if r.data.tags["trial"].startswith("in batch"):
+            assert "negatives/dictionary.png" not in arts  # nothing stored: no ages to draw
+        else:
+            assert {"negatives/epoch_0001.json", "negatives/epoch_0002.json", "negatives/dictionary.png"} <= arts
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"summary.csv", "negatives.png"}
+    report = tmp_path / "sweeps" / "negatives-cpu-quick-s0" / "report"
+    assert sorted(p.name for p in report.glob("*.png")) == ["curves.png", "negatives.png"]  # no momentum curve
+
+
 @pytest.mark.slow
 @needs_fmnist
 def test_vit_study_reports_accuracy_and_the_first_layer_gradient(tmp_path):

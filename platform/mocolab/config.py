@@ -28,6 +28,7 @@ from .dist import BN_MODES, LAYOUTS as QUEUE_LAYOUTS
 from .hardware import DEVICES, PRECISIONS
 from .models import BACKBONES, HEADS
 from .moco import VERSIONS
+from .negatives import SOURCES as NEGATIVE_SOURCES
 from .optimizers import OPTIMIZERS
 from .queue import POLICIES as QUEUE_POLICIES
 from .schedule import LR_SCHEDULES, M_SCHEDULES
@@ -42,7 +43,7 @@ PLACEMENTS = ("pack", "spread", "strict_spread")  # Ray placement of a run's wor
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.name": DATASETS, "augment.preset": AUGMENT_PRESETS, "model.backbone": BACKBONES, "model.head": HEADS,
-    "moco.bn": BN_MODES, "queue.policy": QUEUE_POLICIES, "queue.layout": QUEUE_LAYOUTS,
+    "moco.bn": BN_MODES, "moco.negatives": NEGATIVE_SOURCES, "queue.policy": QUEUE_POLICIES, "queue.layout": QUEUE_LAYOUTS,
     "optim.schedule": LR_SCHEDULES, "moco.version": VERSIONS, "moco.m_schedule": M_SCHEDULES, "optim.name": OPTIMIZERS, "run.device": DEVICES, "run.precision": PRECISIONS, "data.loader": LOADERS,
     "run.placement": PLACEMENTS,
 }
@@ -93,13 +94,23 @@ class MocoConfig:
     tau: float = 0.2  # softmax temperature (v1: 0.07, v2: 0.2)
     bn: str = "split"
     bn_groups: int = 4  # virtual devices for bn=split
+    # where negatives come from: queue (MoCo), memory_bank (one entry per image, Wu et al. 2018) or in_batch
+    # (SimCLR's NT-Xent over the global batch); the last two have no key encoder, so moco.m is not used
+    negatives: str = "queue"
 
 
 @dataclass
 class QueueConfig:
     size: int = 16384  # K negatives
-    policy: str = "fifo"
+    policy: str = "fifo"  # fifo: the oldest keys leave; random: random slots are replaced (ages unbounded)
     layout: str = "replicated"  # with several ranks: every rank holds all K keys, or K/W each
+
+
+@dataclass
+class BankConfig:
+    """The memory bank (moco.negatives=memory_bank); refused with the other sources."""
+    negatives: int = 0  # K entries drawn as negatives each step; 0 = queue.size (the queue's K, to compare)
+    momentum: float = 0.5  # entry <- normalise(a * entry + (1 - a) * embedding): a, Wu et al.'s 0.5
 
 
 @dataclass
@@ -126,6 +137,7 @@ class EvalConfig:
     linear_train: int | None = None  # training images for the linear probe; None = all
     linear_steps: int = 200  # L-BFGS iterations of the probe
     linear_wd: float = 1e-4
+    drift_probes: int = 256  # dictionary slots followed for the key-drift diagnostic (diagnostics.py); 0 = off
 
 
 @dataclass
@@ -160,6 +172,7 @@ class Config:
     vit: VitConfig = field(default_factory=VitConfig)
     moco: MocoConfig = field(default_factory=MocoConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
+    bank: BankConfig = field(default_factory=BankConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -207,7 +220,9 @@ class Config:
                 and not _later_default(k, v)}
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
         version = "" if self.moco.version == "v2" else f"{self.moco.version}-"  # v2 names as before versions
-        return f"{self.run.preset}-{version}m{self.moco.m}-s{self.run.seed}-{digest}"
+        source = {"queue": "", "memory_bank": "bank-", "in_batch": "inbatch-"}[self.moco.negatives] \
+            if self.moco.negatives in NEGATIVE_SOURCES else f"{self.moco.negatives}-"
+        return f"{self.run.preset}-{version}{source}m{self.moco.m}-s{self.run.seed}-{digest}"
 
     @property
     def image_size(self) -> int:
@@ -235,10 +250,19 @@ class Config:
         """Oldest negative in a full FIFO queue, in steps: K / global batch."""
         return self.queue.size / self.optim.batch_size
 
+    @property
+    def bank_negatives(self) -> int:
+        """K negatives a memory bank draws per step: ``bank.negatives``, else ``queue.size``."""
+        return self.bank.negatives or self.queue.size
+
+    @property
+    def uses_queue(self) -> bool:
+        return self.moco.version != "v3" and self.moco.negatives == "queue"
+
 
 _SECTION_TYPES = {
     "data": DataConfig, "augment": AugmentConfig, "model": ModelConfig, "vit": VitConfig, "moco": MocoConfig,
-    "queue": QueueConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig,
+    "queue": QueueConfig, "bank": BankConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig,
 }
 
 
@@ -366,7 +390,6 @@ def _range(name: str, value: float, lo: float | None = None, hi: float | None = 
 def validate(cfg: Config) -> Config:
     """Every check that can fail cheaply, run before any data is read or process started."""
     d, a, mo, mc, q, o, e, r = cfg.data, cfg.augment, cfg.model, cfg.moco, cfg.queue, cfg.optim, cfg.eval, cfg.run
-    v = cfg.vit
     flat = cfg.flatten()
     for key, allowed in CHOICES.items():
         _choice(key, flat[key], allowed)
@@ -444,7 +467,8 @@ def validate(cfg: Config) -> Config:
         raise ValueError("moco.bn: 'sync' (batch-norm over the global batch) needs run.num_workers >= 2 ranks; "
                          "in one process use 'split' or 'plain'")
 
-    if mc.version == "v3":  # no queue: the global batch is the dictionary (queue.* is not read)
+    _check_negatives(cfg)
+    if not cfg.uses_queue:  # v3, memory bank, in-batch: queue.size is not read
         _check_data_path(d)
         n = cfg.train_size
         if n is not None and o.batch_size > n:
@@ -464,6 +488,36 @@ def validate(cfg: Config) -> Config:
         if o.batch_size > n:
             raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
     return cfg
+
+
+def _check_negatives(cfg: Config) -> None:
+    mc, q, b = cfg.moco, cfg.queue, cfg.bank
+    _range("eval.drift_probes", cfg.eval.drift_probes, 0, allowed="an integer >= 0 (0: no key-drift probes)")
+    if mc.negatives != "queue" and mc.version == "v3":
+        raise ValueError(f"moco.negatives: {mc.negatives!r} applies to the v1/v2 algorithm; moco.version=v3 "
+                         f"takes its negatives from the global batch (use moco.version=v2)")
+    if mc.negatives != "queue" and mc.bn == "shuffle":
+        raise ValueError(f"moco.bn: 'shuffle' shuffles the key encoder's batch, and moco.negatives="
+                         f"{mc.negatives} has no key encoder; use split, plain or sync")
+    if q.policy != "fifo" and q.layout == "sharded" and cfg.world_size > 1:
+        raise ValueError(f"queue.policy: {q.policy!r} needs queue.layout=replicated with run.num_workers > 1 "
+                         f"(every rank draws the same slots); the sharded layout is FIFO only")
+    if not cfg.uses_queue and q.policy != "fifo":
+        raise ValueError(f"queue.policy: {q.policy!r} applies to MoCo's queue, and there is none "
+                         f"(moco.version={mc.version}, moco.negatives={mc.negatives})")
+    if mc.negatives != "memory_bank":
+        changed = [k for k, default in (("negatives", 0), ("momentum", 0.5)) if getattr(b, k) != default]
+        if changed:
+            raise ValueError(f"bank.{changed[0]}: applies to moco.negatives=memory_bank only, and "
+                             f"moco.negatives is {mc.negatives!r}")
+        return
+    _range("bank.momentum", b.momentum, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
+    _range("bank.negatives", b.negatives, 0, allowed="0 (queue.size) or an integer >= 1")
+    n = cfg.train_size
+    if n is not None and cfg.bank_negatives >= n:
+        raise ValueError(f"bank.negatives: {cfg.bank_negatives} negatives per step must be below the "
+                         f"training-set size {n}" + (" (bank.negatives=0 takes queue.size)" if not b.negatives
+                                                     else ""))
 
 
 def _check_vit(cfg: Config) -> None:
@@ -489,6 +543,7 @@ def _check_vit(cfg: Config) -> None:
 LATER_DEFAULTS: dict[str, Any] = {
     "moco.version": "v2", "moco.m_schedule": "constant", "optim.name": "sgd", "optim.scale_lr": False,
     "optim.warmup_epochs": 0.0, "vit.patch_size": 0, "vit.depth": 0, "vit.freeze_patch_embed": False,
+    "moco.negatives": "queue", "bank.negatives": 0, "bank.momentum": 0.5, "eval.drift_probes": 256,
 }
 
 

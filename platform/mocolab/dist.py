@@ -217,14 +217,15 @@ class ReplicatedKeyQueue(KeyQueue):
     """
 
     def __init__(self, size: int, dim: int, batch_size: int, generator: torch.Generator | None = None, *,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, policy: str = "fifo", seed: int = 0) -> None:
         world = rank_and_world()[1] if world_size is None else world_size
-        super().__init__(size, dim, batch_size, generator, world_size=world)
+        super().__init__(size, dim, batch_size, generator, world_size=world, policy=policy, seed=seed)
 
     @torch.no_grad()
-    def enqueue(self, keys: torch.Tensor, step: int) -> None:
-        """keys: B×C on this rank; enqueues the global (B·W)×C batch, rank-major."""
-        super().enqueue(gather_no_grad(keys), step)
+    def enqueue(self, keys: torch.Tensor, step: int, index: torch.Tensor | None = None) -> torch.Tensor:
+        """keys: B×C on this rank; enqueues the global (B·W)×C batch, rank-major (``index`` likewise).
+        Every rank draws the same random slots (one seed), so the replicas stay equal."""
+        return super().enqueue(gather_no_grad(keys), step, gather_no_grad(index) if index is not None else None)
 
 
 class ShardedKeyQueue(KeyQueue):
@@ -329,17 +330,22 @@ def gather_queue_state(queue: KeyQueue) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build_queue(layout: str, size: int, dim: int, per_rank_batch: int,
-                generator: torch.Generator | None = None) -> KeyQueue:
+                generator: torch.Generator | None = None, policy: str = "fifo", seed: int = 0) -> KeyQueue:
     """The queue for ``queue.layout`` in the current process group.
 
     One process: KeyQueue (both layouts are the same thing).  Replicated:
-    K slots per rank, built for the global batch B·W.  Sharded: K/W slots.
+    K slots per rank, built for the global batch B·W.  Sharded: K/W slots,
+    FIFO only (random replacement over shards would break the shards' union
+    being the replicated queue; config.validate says so first).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"queue.layout: unknown layout {layout!r}; allowed {', '.join(LAYOUTS)}")
     _, world = rank_and_world()
     if world == 1:
-        return KeyQueue(size, dim, per_rank_batch, generator=generator)
+        return KeyQueue(size, dim, per_rank_batch, generator=generator, policy=policy, seed=seed)
     if layout == "replicated":
-        return ReplicatedKeyQueue(size, dim, per_rank_batch, generator=generator, world_size=world)
+        return ReplicatedKeyQueue(size, dim, per_rank_batch, generator=generator, world_size=world,
+                                  policy=policy, seed=seed)
+    if policy != "fifo":
+        raise ValueError(f"queue.policy: {policy!r} needs queue.layout=replicated with several ranks")
     return ShardedKeyQueue(size, dim, per_rank_batch, generator=generator)

@@ -21,10 +21,12 @@ from . import dist as mdist
 from . import rng
 from .augment import build_augmentation
 from .config import Config
+from .diagnostics import DriftProbes, age_histogram
 from .evaluation import ProbeResult, extract_features, knn_accuracy, linear_probe
 from .hardware import resolve_device, resolve_precision
 from .models import build_encoder
 from .moco import MoCo, MoCoV3
+from .negatives import InBatchContrast, MemoryBank, MemoryBankContrast
 from .norm import convert_global_bn
 from .optimizers import build_optimizer
 from .schedule import lr_at, momentum_at
@@ -54,11 +56,17 @@ class EpochRecord:
     # per-step series of the epoch, {name: [[step, value], ...]}: the momentum m each step used and the
     # first layer's gradient norm (the step is the step count after that step, as for the epoch's metrics)
     per_step: dict[str, list[list[float]]] = field(default_factory=dict)
+    # key drift over the probes (diagnostics.py): mean cosine of the current encoder's embedding of a
+    # probe's image with the writing encoder's (drift_cos) and with the stored entry (stored_cos)
+    drift_cos: float | None = None
+    stored_cos: float | None = None
+    # the epoch's dictionary diagnostics in full (age histogram, every probe's age and cosines): an artifact
+    diagnostics: dict = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """Numeric fields for a metrics logger (None-valued monitors and the per-step series are left out)."""
+        """Numeric fields for a metrics logger (None-valued monitors, per-step series and diagnostics left out)."""
         return {k: float(v) for k, v in asdict(self).items()
-                if v is not None and k not in ("epoch", "per_step")}
+                if v is not None and k not in ("epoch", "per_step", "diagnostics")}
 
 
 @dataclass
@@ -177,18 +185,35 @@ class Trainer:
             if mc.bn == "sync":  # statistics over the global batch: NCCL's SyncBatchNorm, else ours (gloo)
                 encoder = (torch.nn.SyncBatchNorm.convert_sync_batchnorm(encoder) if self.device.type == "cuda"
                            else convert_global_bn(encoder))
-            queue = None if self.v3 else mdist.build_queue(cfg.queue.layout, cfg.queue.size, mo.dim, self.batch,
-                                                           generator=rng.generator("queue", seed))
+            self.negatives = "global batch (v3)" if self.v3 else mc.negatives
+            queue = None if not cfg.uses_queue else mdist.build_queue(
+                cfg.queue.layout, cfg.queue.size, mo.dim, self.batch, generator=rng.generator("queue", seed),
+                policy=cfg.queue.policy, seed=seed)
+            # a bank's random initial entries come from the dictionary's stream, as the queue's do
+            bank = None if mc.negatives != "memory_bank" or self.v3 else MemoryBank(
+                source.size, mo.dim, cfg.bank_negatives, cfg.bank.momentum, generator=rng.generator("queue", seed),
+                seed=seed)
         # split: in-process shuffle drawing from the augment stream; shuffle: rank 0's own generator
         shuffler = mdist.build_shuffler(mc.bn, rng.stream_seed("shuffle", seed) if mc.bn == "shuffle" else None)
         self.precision = resolve_precision(cfg.run.precision, self.device)
         if self.v3:
             self.model: MoCo = MoCoV3(encoder, m=mc.m, tau=mc.tau, shuffler=shuffler,
                                       encoder_dtype=self.precision).to(self.device)
+        elif bank is not None:
+            self.model = MemoryBankContrast(encoder, bank, tau=mc.tau, encoder_dtype=self.precision).to(self.device)
+        elif mc.negatives == "in_batch":
+            self.model = InBatchContrast(encoder, tau=mc.tau, encoder_dtype=self.precision).to(self.device)
         else:
             self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler,
                               encoder_dtype=self.precision).to(self.device)
         self.encoder = self.model.encoder_q  # the unwrapped query encoder, for evaluation and checkpoints
+        self.bank = bank
+        # key drift: probe slots of the dictionary (queue slots, or bank entries = training images)
+        store_slots = queue.slots if queue is not None else (bank.size if bank is not None else 0)
+        self.probes = DriftProbes(store_slots, cfg.eval.drift_probes, mo.dim) \
+            if store_slots and cfg.eval.drift_probes else None
+        # a sharded queue's slots are this rank's own keys: each rank follows its own, without collectives
+        self._probe_local = isinstance(queue, mdist.ShardedKeyQueue)
         # the first layer's gradient: a ViT's patch projection measured from hooks (it may be frozen),
         # any other backbone's first layer read from its .grad after DDP has averaged it
         first = first_layer(self.encoder.backbone)
@@ -208,8 +233,11 @@ class Trainer:
         planned = o.epochs * self.steps_per_epoch
         self.total_steps = min(planned, o.max_steps) if o.max_steps else planned
         self.warmup_steps = round(o.warmup_epochs * self.steps_per_epoch)
-        # the loss of a uniform guess: log(1 + K) against the queue; v3: 2τ·log(B·W) per direction, two directions
-        uniform = (4 * mc.tau * math.log(cfg.optim.batch_size) if self.v3 else math.log(1 + cfg.queue.size))
+        # the loss of a uniform guess: log(1 + K) against the queue (a bank: its K draws); in-batch: log(2·B·W − 1);
+        # v3: 2τ·log(B·W) per direction, two directions
+        uniform = (4 * mc.tau * math.log(cfg.optim.batch_size) if self.v3
+                   else math.log(2 * cfg.optim.batch_size - 1) if mc.negatives == "in_batch"
+                   else math.log(1 + (cfg.bank_negatives if bank is not None else cfg.queue.size)))
         self.divergence_threshold = DIVERGENCE_FACTOR * uniform  # a loss this far above it (or NaN) has diverged
         self.step = 0
         self.epoch = 0
@@ -242,8 +270,10 @@ class Trainer:
         return {
             # per part, unwrapped from DDP, so a checkpoint reads the same whatever W was
             "encoder_q": self.encoder.state_dict(),
-            "encoder_k": self.model.encoder_k.state_dict(),
+            "encoder_k": self.model.encoder_k.state_dict() if self.model.encoder_k is not None else {},
             "queue": self.model.queue.state_dict() if self.model.queue is not None else {},
+            "bank": self.bank.state_dict() if self.bank is not None else {},
+            "probes": self.probes.state_dict() if self.probes is not None else {},
             "moco_step": self.model.step.clone(),
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
@@ -252,14 +282,19 @@ class Trainer:
             "shuffle_rng": self._shuffle_gen.get_state() if self._shuffle_gen is not None else None,
             "epoch_stats": asdict(self.epoch_stats),
             # the per-step series went to the logger with their epoch: a checkpoint stays small
-            "history": [{**asdict(h), "per_step": {}} for h in self.history],
+            "history": [{**asdict(h), "per_step": {}, "diagnostics": {}} for h in self.history],
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.encoder.load_state_dict(state["encoder_q"])
-        self.model.encoder_k.load_state_dict(state["encoder_k"])
+        if self.model.encoder_k is not None:
+            self.model.encoder_k.load_state_dict(state["encoder_k"])
         if self.model.queue is not None:
             self.model.queue.load_state_dict(state["queue"])
+        if self.bank is not None:
+            self.bank.load_state_dict(state["bank"])
+        if self.probes is not None and state.get("probes"):  # absent in checkpoints from before the probes
+            self.probes.load_state_dict(state["probes"])
         self.model.step.copy_(state["moco_step"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
@@ -294,8 +329,9 @@ class Trainer:
                 self.rng_state = torch.get_rng_state()
         return result
 
-    def train_step(self, images: torch.Tensor) -> StepResult:
-        """One MoCo step on this rank's uint8 batch (B×C×H×W): the whole algorithm, top to bottom.
+    def train_step(self, images: torch.Tensor, index: torch.Tensor | None = None) -> StepResult:
+        """One MoCo step on this rank's uint8 batch (B×C×H×W; ``index``: the images' positions in the
+        training set, which a memory bank and the drift probes need): the whole algorithm, top to bottom.
 
         Augmentation draws from torch's global generator: ``train_epoch`` swaps
         the trainer's augment stream in around its steps (rng.py).
@@ -310,7 +346,8 @@ class Trainer:
         im_q, im_k = self.augment(images.to(self.device, non_blocking=True))  # two views: B×C×H×W each
         # MoCo forward: query encoder, EMA update of the key encoder, keys on a shuffled batch,
         # InfoNCE against the queue, enqueue the keys (moco.py); v3: both views, keys of the global batch
-        out = self.model(im_q, im_k)
+        out = self.model(im_q, im_k, index)
+        self._observe_probes(out.written, images, index)  # drift probes among the slots this step wrote
         loss = float(out.loss.detach())
         # decided across ranks: one rank's NaN stops every rank at this step, so no collective waits forever
         if mdist.any_rank(not math.isfinite(loss) or loss > self.divergence_threshold):
@@ -323,6 +360,45 @@ class Trainer:
         self.optimizer.step()
         self.step += 1
         return StepResult(loss, out.pretext_accuracy, lr, diverged=False, m=m, grad_norm_first=grad_first)
+
+    # ---------------------------------------------------------- dictionary diagnostics
+    @property
+    def drift_encoder(self) -> torch.nn.Module | None:
+        """The encoder that writes the dictionary: the key encoder for a queue, the encoder for a bank."""
+        return self.model.encoder_k if self.model.queue is not None else (self.encoder if self.bank else None)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """Unit embeddings of un-augmented uint8 images by the dictionary's writer, in eval mode (no RNG)."""
+        return torch.nn.functional.normalize(extract_features(self.drift_encoder, images, self.device), dim=1)
+
+    def _observe_probes(self, written: torch.Tensor | None, images: torch.Tensor,
+                        index: torch.Tensor | None) -> int:
+        if self.probes is None or written is None or index is None:
+            return 0
+        offset = 0 if self._probe_local else self.rank * self.batch
+        return self.probes.observe(written, offset, index, images, self.embed, self.step,
+                                   collective=not self._probe_local, device=self.device)
+
+    def _store(self):
+        return self.model.queue if self.model.queue is not None else self.bank
+
+    def dictionary_ages(self) -> torch.Tensor:
+        """Ages in steps of this rank's stored negatives as the next step sees them (empty: no store)."""
+        store = self._store()
+        return store.ages(self.step) if store is not None else torch.zeros(0)
+
+    def diagnostics(self) -> dict:
+        """The dictionary at this step (rank 0's copy): its age histogram and, per probe, age and cosines."""
+        out: dict = {"step": self.step, "negatives": self.negatives,
+                     "age_histogram": age_histogram(self.dictionary_ages())}
+        if self.probes is not None:
+            store = self._store()
+            entries = store.keys if self.model.queue is not None else store.entries
+            probes = self.probes.measure(self.step, self.data.images_at, self.embed,
+                                         stored=entries[self.probes.slots.to(entries.device)])
+            if probes is not None:
+                out["probes"] = probes
+        return out
 
     def _first_layer_grad_norm(self) -> float | None:
         """The norm of the first layer's weight gradient, averaged over ranks as DDP averages gradients."""
@@ -341,12 +417,12 @@ class Trainer:
         done_in_epoch = self.step - self.epoch * self.steps_per_epoch  # > 0 after a mid-epoch restart
         report_every = max(1, self.steps_per_epoch // 4)
         t0 = time.perf_counter() - st.seconds
-        batches = self.data.epoch(self.epoch_order(self.epoch), self.batch, self.rank, self.world_size,
-                                  start_step=done_in_epoch)
-        for i, images in enumerate(batches, start=done_in_epoch):
+        batches = self.data.epoch_indexed(self.epoch_order(self.epoch), self.batch, self.rank, self.world_size,
+                                          start_step=done_in_epoch)
+        for i, (images, index) in enumerate(batches, start=done_in_epoch):
             if self.step >= self.total_steps:
                 break
-            res = self.train_step(images)
+            res = self.train_step(images, index)
             if res.diverged:
                 return res.loss, 0.0, 0.0, True
             st.add(res.loss, res.pretext_acc, images.shape[0] * self.world_size)
@@ -435,7 +511,11 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     main = tr.is_main
     mc = cfg.moco
     m_txt = f"m={mc.m}" + (" rising to 1 (cosine)" if mc.m_schedule == "cosine" else "")
-    dictionary = "no queue (v3)" if tr.v3 else f"K={cfg.queue.size}"
+    dictionary = ("no queue (v3)" if tr.v3
+                  else f"memory bank of {tr.data.size} (K={cfg.bank_negatives} drawn per step, "
+                       f"a={cfg.bank.momentum}), no key encoder" if tr.bank is not None
+                  else f"in-batch negatives (2·{cfg.optim.batch_size}−2), no key encoder" if tr.negatives == "in_batch"
+                  else f"K={cfg.queue.size}" + (" (random replacement)" if cfg.queue.policy == "random" else ""))
     say(f"mocolab: {cfg.data.name} ({tr.data.size} train / {tr.data.test_size} test, {tr.data.kind}), "
         f"MoCo {mc.version}, {cfg.model.backbone}, {m_txt}, {dictionary}, {cfg.optim.name} "
         f"lr {cfg.effective_lr:g}, batch={cfg.optim.batch_size} "
@@ -460,20 +540,24 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         last = tr.step >= tr.total_steps
         due = e.knn_every and tr.epoch % e.knn_every == 0 and not last  # the last one comes with the probe
         knn = tr.knn() if main and due else None
-        # v3 has no queue: its keys are this step's, so nothing is stale
-        s_mean, s_max = tr.model.queue.staleness(tr.step) if tr.model.queue is not None else (0.0, 0.0)
+        # v3 and in-batch negatives store nothing: every negative is this step's, so nothing is stale
+        ages = tr.dictionary_ages()
+        s_mean, s_max = (float(ages.mean()), float(ages.max())) if ages.numel() else (0.0, 0.0)
+        diag = tr.diagnostics() if main else {}
+        drift, stored = _mean_cosines(diag, tr.model.queue is None and tr.bank is None)
         rec = EpochRecord(tr.epoch, tr.step, loss, tr.lr(tr.step - 1), tr.momentum(tr.step - 1), pretext,
                           knn, rate, s_mean, s_max, cfg.ema_half_life,
-                          0.0 if tr.v3 else cfg.max_staleness, time.perf_counter() - t0,
-                          per_step=tr.last_epoch_series)
+                          cfg.max_staleness if cfg.uses_queue else 0.0, time.perf_counter() - t0,
+                          per_step=tr.last_epoch_series, drift_cos=drift, stored_cos=stored, diagnostics=diag)
         tr.history.append(rec)
         eta = (time.perf_counter() - t_start) / max(1, tr.step - start_step) * (tr.total_steps - tr.step)
         knn_txt = f"kNN {100 * knn:.2f}%" if knn is not None else ("kNN at the end" if last else "kNN -")
+        drift_txt = f"  key drift cos {drift:.3f} (age ≤ {s_max:.0f})" if drift is not None and ages.numel() else ""
         say(f"epoch {tr.epoch:3d}  step {tr.step:6d}/{tr.total_steps}  loss {loss:.4f}  pretext {100 * pretext:.1f}%  "
-            f"{knn_txt}  {rate:.0f} img/s  ETA {_fmt_time(eta)}")
+            f"{knn_txt}  {rate:.0f} img/s{drift_txt}  ETA {_fmt_time(eta)}")
         if on_epoch is not None:
             on_epoch(rec)
-        rec.per_step = {}  # logged by on_epoch; held no longer (an ImageNet run has a million steps)
+        rec.per_step, rec.diagnostics = {}, {}  # logged by on_epoch; held no longer (a million steps)
     if diverged:
         return TrainResult(None, None, loss, tr.step, True, tr.history, knn_init)
     if not main:
@@ -486,6 +570,18 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "
         f"kNN top-1 {100 * knn_final:.2f}%")
     return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init, probe)
+
+
+def _mean_cosines(diag: dict, fresh_negatives: bool) -> tuple[float | None, float | None]:
+    """(drift_cos, stored_cos) means over the probes.  Negatives computed by this step's encoder (in-batch,
+    v3) are 1 by construction; a store whose probes were never written has no value yet."""
+    if fresh_negatives:
+        return (1.0, 1.0) if diag else (None, None)
+    probes = diag.get("probes")
+    if not probes:
+        return None, None
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return mean(probes["drift_cos"]), (mean(probes["stored_cos"]) if "stored_cos" in probes else None)
 
 
 def _fmt_time(seconds: float) -> str:

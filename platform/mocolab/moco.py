@@ -30,6 +30,9 @@ class MoCoOutput:
     loss: torch.Tensor
     correct: torch.Tensor  # N bools: the query's own key beat every negative
     keys: torch.Tensor  # N×C, already enqueued
+    # the dictionary slots this step wrote, in the order of the gathered global batch (a sharded queue:
+    # this rank's slots for its own batch); None where nothing is stored (v3, in-batch negatives)
+    written: torch.Tensor | None = None
 
     @property
     def pretext_accuracy(self) -> float:
@@ -83,7 +86,8 @@ class MoCo(nn.Module):
         k = F.normalize(k.float(), dim=1)  # keys: N×C
         return self.shuffler.unshuffle(k, restore)
 
-    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor) -> MoCoOutput:
+    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
+        """``index``: the batch's images in the training set, recorded with their keys (key drift)."""
         with self._autocast(im_q):
             q = self.encoder_q(im_q)
         q = F.normalize(q.float(), dim=1)  # queries: N×C
@@ -91,9 +95,9 @@ class MoCo(nn.Module):
         k = self.compute_keys(im_k)  # keys: N×C, no gradient
         l_pos = (q * k).sum(dim=1, keepdim=True)  # N×1
         loss, correct = self.queue.contrast(q, l_pos, self.tau)  # against N×K negatives, wherever they live
-        self.queue.enqueue(k, int(self.step))
+        written = self.queue.enqueue(k, int(self.step), index)
         self.step += 1
-        return MoCoOutput(loss, correct, k)
+        return MoCoOutput(loss, correct, k, written)
 
 
 class MoCoV3(MoCo):
@@ -118,7 +122,7 @@ class MoCoV3(MoCo):
         loss = F.cross_entropy(logits, labels) * (2 * self.tau)
         return loss, logits.detach().argmax(dim=1) == labels
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> MoCoOutput:
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
         with self._autocast(x1):
             q1, q2 = self.encoder_q(x1), self.encoder_q(x2)
         q1, q2 = F.normalize(q1.float(), dim=1), F.normalize(q2.float(), dim=1)

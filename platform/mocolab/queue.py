@@ -1,11 +1,15 @@
-"""The dictionary of negatives: a FIFO ring of K key embeddings.
+"""The dictionary of negatives: a ring of K key embeddings, FIFO or random replacement.
 
-Invariants (tested): keys leave in the order they entered; K is a multiple of
-the batch so the ring wraps on a batch boundary and no key is ever dropped;
-once full, the oldest key was written exactly K / batch steps before the step
-that reads it.  ``write_step`` records when each slot was filled so staleness
-is measured, not assumed.  The queue's buffers are part of the state dict, so
-a resumed run continues with the same negatives.
+Invariants (tested): under ``fifo`` keys leave in the order they entered; K is
+a multiple of the batch so the ring wraps on a batch boundary and no key is
+ever dropped; once full, the oldest key was written exactly K / batch steps
+before the step that reads it.  Under ``random`` the queue fills as FIFO, then
+each step's keys overwrite B·W slots drawn at random, so a key survives any
+number of steps with some probability: its age is unbounded (the ablation's
+point).  ``write_step`` records when each slot was filled and ``source`` which
+training image the key came from, so staleness and key drift are measured, not
+assumed.  The queue's buffers (and the random policy's generator) are part of
+the state dict, so a resumed run continues with the same negatives.
 """
 
 from __future__ import annotations
@@ -16,10 +20,27 @@ from torch import nn
 
 from .moco_loss import info_nce
 
-POLICIES = ("fifo",)  # queue.policy: how an enqueued key chooses the slot it replaces
+POLICIES = ("fifo", "random")  # queue.policy: how an enqueued key chooses the slot it replaces
+POLICY_SEED = 0x5107  # random replacement: one fixed stream, the same on every rank (replicated queues agree)
 
 
-class KeyQueue(nn.Module):
+class WrittenAges:
+    """Ages of a dictionary's entries from its ``write_step`` buffer (-1: never written by a real key)."""
+
+    write_step: torch.Tensor
+
+    @torch.no_grad()
+    def ages(self, step: int) -> torch.Tensor:
+        """Age in steps, as seen by the step after ``step`` steps, of every entry written so far."""
+        return (step - self.write_step[self.write_step >= 0]).float()
+
+    def staleness(self, step: int) -> tuple[float, float]:
+        """(mean, max) age in steps of the written entries as seen at ``step``; (0, 0) while none is."""
+        age = self.ages(step)
+        return (float(age.mean()), float(age.max())) if age.numel() else (0.0, 0.0)
+
+
+class KeyQueue(WrittenAges, nn.Module):
     """A ring of ``size`` = K slots that receives the global batch of keys every step.
 
     Names used by every queue (dist.py's layouts too): ``size`` K, the logical
@@ -29,31 +50,64 @@ class KeyQueue(nn.Module):
     """
 
     def __init__(self, size: int, dim: int, batch_size: int, generator: torch.Generator | None = None, *,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, policy: str = "fifo", seed: int = 0) -> None:
         super().__init__()
         if size <= 0:
             raise ValueError(f"queue.size: {size} must be > 0")
         if batch_size <= 0 or world_size <= 0 or size % (batch_size * world_size):
             raise ValueError(f"queue.size: {size} must be a positive multiple of the global batch "
                              f"{batch_size * world_size}")
+        if policy not in POLICIES:
+            raise ValueError(f"queue.policy: unknown value {policy!r}; choose one of {list(POLICIES)}")
         self.size, self.dim, self.batch_size, self.world_size = size, dim, batch_size, world_size
+        self.policy = policy
+        # random replacement draws its slots from its own stream of (seed): identical on every rank
+        self.slot_generator = torch.Generator().manual_seed(POLICY_SEED + seed) if policy == "random" else None
         self.global_batch = batch_size * world_size
         self.slots, self.enqueue_batch = size, self.global_batch
         # Random unit vectors until real keys arrive, as in the MoCo reference; write_step -1 marks them.
         self.register_buffer("keys", F.normalize(torch.randn(size, dim, generator=generator), dim=1))
         self.register_buffer("write_step", torch.full((size,), -1, dtype=torch.long))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+        # the training image each key came from (-1: the random init), for the key-drift diagnostic
+        self.register_buffer("source", torch.full((size,), -1, dtype=torch.long))
+
+    def get_extra_state(self) -> dict:
+        return {"slot_generator": self.slot_generator.get_state()} if self.slot_generator is not None else {}
+
+    def set_extra_state(self, state: dict) -> None:
+        if self.slot_generator is not None and state.get("slot_generator") is not None:
+            self.slot_generator.set_state(state["slot_generator"])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # checkpoints from before ``source`` existed: their keys' images are unknown (-1)
+        state_dict.setdefault(prefix + "source", torch.full_like(self.source, -1))
+        state_dict.setdefault(prefix + "_extra_state", {})
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _slots_to_write(self, b: int) -> tuple[torch.Tensor, bool]:
+        """(the ``b`` slots the next keys go to, whether the ring pointer advances): the oldest under FIFO
+        (and under ``random`` until the ring is full), else ``b`` distinct slots drawn at random."""
+        p = int(self.ptr)
+        if self.slot_generator is None or bool((self.write_step < 0).any()):
+            return torch.arange(p, p + b), True
+        return torch.randperm(self.slots, generator=self.slot_generator)[:b], False
 
     @torch.no_grad()
-    def enqueue(self, keys: torch.Tensor, step: int) -> None:
-        """Overwrite the oldest ``enqueue_batch`` slots with ``keys`` (enqueue_batch×C)."""
+    def enqueue(self, keys: torch.Tensor, step: int, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Write ``keys`` (enqueue_batch×C; ``index``: their training images) over the slots the policy
+        picks (FIFO: the oldest).  Returns those slots, in the keys' order."""
         b = keys.shape[0]
         if b != self.enqueue_batch:
             raise ValueError(f"enqueue got {b} keys; the queue was built for batches of {self.enqueue_batch}")
-        p = int(self.ptr)
-        self.keys[p:p + b] = keys.detach().to(self.keys.dtype)
-        self.write_step[p:p + b] = step
-        self.ptr.fill_((p + b) % self.slots)
+        slots, advance = self._slots_to_write(b)
+        at = slots.to(self.keys.device)
+        self.keys[at] = keys.detach().to(self.keys.dtype)
+        self.write_step[at] = step
+        self.source[at] = index.to(self.source.device) if index is not None else -1
+        if advance:
+            self.ptr.fill_((int(self.ptr) + b) % self.slots)
+        return slots
 
     def negative_logits(self, q: torch.Tensor) -> torch.Tensor:
         """q: N×C -> N×K similarities to every key.
@@ -77,15 +131,6 @@ class KeyQueue(nn.Module):
         """Keys oldest first: the FIFO order, for tests and for comparing layouts."""
         p = int(self.ptr)
         return torch.cat([self.keys[p:], self.keys[:p]])
-
-    @torch.no_grad()
-    def staleness(self, step: int) -> tuple[float, float]:
-        """(mean, max) age in steps of the filled slots as seen at ``step``; (0, 0) while empty."""
-        filled = self.write_step >= 0
-        if not bool(filled.any()):
-            return 0.0, 0.0
-        age = (step - self.write_step[filled]).float()
-        return float(age.mean()), float(age.max())
 
     @property
     def max_staleness(self) -> float:

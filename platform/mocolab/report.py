@@ -29,8 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .analysis import (PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, patch_momentum_table,  # noqa: E402
-                       summarise, vit_plot)
+from .analysis import (PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, negatives_plot,  # noqa: E402
+                       negatives_setting, negatives_table, patch_momentum_table, summarise, vit_plot)
 
 GRAD_FIRST = "grad_norm_first_layer"  # the per-step metric of the first layer's gradient (loop.py)
 from .tracking import Store, redact_uri, run_link, trials_frame  # noqa: E402
@@ -193,16 +193,23 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
         varying_keys: list[str] = []
     else:
         varying_keys = varying
+    negatives = "moco.negatives" in varying_keys or "queue.policy" in varying_keys
     if v3 and ("moco.m" in varying_keys or "vit.freeze_patch_embed" in varying_keys):  # the ViT ablation
         curves = {str(r.label): store.metric_history(r.run_id, GRAD_FIRST) for r in df.itertuples()}
         figures.append(("MoCo v3: accuracy against base momentum per patch projection (trained | frozen), and "
                         "the first layer's gradient norm at every step of every trial",
                         vit_plot(patch_momentum_table(df), curves, out / "vit.png")))
-    elif "moco.m" in varying_keys:
+    elif "moco.m" in varying_keys and not negatives:  # (the negatives ablation plots m per source below)
         table = summarise(df, "moco.m")
         figures.append(("Accuracy against momentum (mean ± std over seeds; red: trials that did not finish; "
                         "the paper's ImageNet numbers on the right axis, a different dataset and scale)",
                         momentum_plot(table, PAPER_MOMENTUM, out / "momentum.png")))
+    if negatives:  # the negatives ablation
+        table, drift, epoch = negatives_drift(store, df)
+        figures.append(("Sources of negatives: accuracy per source, and key drift against the age of the stored "
+                        "negative (mean cosine of the writing and the current encoder's embedding of the same image, "
+                        f"at the end of epoch {epoch}, the middle of training; in-batch negatives are fresh by "
+                        "construction)", negatives_plot(table, drift, out / "negatives.png", epoch)))
     if "queue.size" in varying_keys:
         table = summarise(df, "queue.size").dropna(subset=["knn_top1_mean"])
         if not table.empty:
@@ -233,6 +240,35 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     if log_artifacts and parent_run:
         store.log_artifacts(parent_run, [page, *paths], artifact_path="report")
     return Report(out, page, paths, len(df), subtitle, running=running, live=live_now)
+
+
+def negatives_drift(store: Store, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[list, list]], str]:
+    """The negatives ablation's table, and per setting the drift probes (ages, cosines) of its trials' middle
+    epoch (the run artifacts ``negatives/epoch_NNNN.json``; seeds pool their probes), and which epoch that is.
+
+    The middle epoch, not the last: under a cosine schedule the learning rate is near 0 in the last epoch, so
+    every encoder has all but stopped moving and any m looks consistent; halfway it is half its peak.
+    ``drift_cos`` in the table is that epoch's mean over the probes (the last epoch's is in MLflow).
+    """
+    table = negatives_table(df)
+    col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
+    drift: dict[str, tuple[list, list]] = {}
+    epochs = set()
+    for run_id, n, p, m in zip(df["run_id"], col("moco.negatives"), col("queue.policy"), df["params.moco.m"]):
+        names = store.json_artifacts(run_id, "negatives")
+        if not names:
+            continue
+        name = names[(len(names) - 1) // 2]  # epochs 1..E logged: the middle one (E = 3: epoch 2)
+        epochs.add(int(name.rsplit("_", 1)[-1].split(".")[0]))
+        probes = store.read_json(run_id, name).get("probes")
+        if probes:
+            ages, cos = drift.setdefault(negatives_setting(n, p, m), ([], []))
+            ages.extend(probes["age"])
+            cos.extend(probes["drift_cos"])
+    table["drift_cos"] = [sum(drift[s][1]) / len(drift[s][1]) if drift.get(s, ([], []))[1] else
+                          (1.0 if s == "in batch" else math.nan) for s in table["setting"]]
+    which = ", ".join(str(e) for e in sorted(epochs)) or "-"
+    return table, drift, which
 
 
 def _write(page: Path, text: str) -> None:

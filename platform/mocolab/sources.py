@@ -45,6 +45,11 @@ class TrainSource(Protocol):
     def epoch(self, generator: torch.Generator, batch: int, rank: int, world_size: int,
               start_step: int) -> Iterator[torch.Tensor]: ...
 
+    def epoch_indexed(self, generator: torch.Generator, batch: int, rank: int, world_size: int,
+                      start_step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def images_at(self, index: torch.Tensor) -> torch.Tensor: ...
+
     def eval_split(self, split: str, n: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def describe_eval(self, split: str, n: int | None) -> str: ...
@@ -142,9 +147,18 @@ class MemorySource:
                 for split, ds in (("train", self.train), ("test", self.test)) if ds.skipped]
 
     def epoch(self, generator, batch, rank, world_size, start_step):
-        for images, _, _ in datasets.iterate_batches(self.train, batch, generator, rank=rank,
-                                                     world_size=world_size, start=start_step):
+        for images, _ in self.epoch_indexed(generator, batch, rank, world_size, start_step):
             yield images
+
+    def epoch_indexed(self, generator, batch, rank, world_size, start_step):
+        """As ``epoch``, with each image's position in the training set (memory bank, key drift)."""
+        for images, _, idx in datasets.iterate_batches(self.train, batch, generator, rank=rank,
+                                                       world_size=world_size, start=start_step):
+            yield images, idx
+
+    def images_at(self, index):
+        """The training images at these positions (uint8), as the epochs index them."""
+        return self.train.images[index.cpu()]
 
     def eval_split(self, split, n):
         ds = self.train if split == "train" else self.test

@@ -6,8 +6,10 @@ layer builds it from MLflow (``mocolab.tracking.trials_frame``), and the
 studies and ``mocolab report`` read it through the functions here.
 """
 
-from .plots import bar_plot, line_plot, momentum_plot, vit_plot
-from .summary import PAPER_MOMENTUM, fmt_mean_std, patch_momentum_table, summarise, welch_t
+from .plots import bar_plot, binned_mean, dictionary_plot, line_plot, momentum_plot, negatives_plot, vit_plot
+from .summary import (PAPER_MOMENTUM, fmt_mean_std, negatives_setting, negatives_table, patch_momentum_table,
+                      summarise, welch_t)
 
-__all__ = ["PAPER_MOMENTUM", "bar_plot", "fmt_mean_std", "line_plot", "momentum_plot", "patch_momentum_table",
+__all__ = ["PAPER_MOMENTUM", "bar_plot", "binned_mean", "dictionary_plot", "fmt_mean_std", "line_plot",
+           "momentum_plot", "negatives_plot", "negatives_setting", "negatives_table", "patch_momentum_table",
            "summarise", "vit_plot", "welch_t"]

@@ -10,6 +10,7 @@ and no gap.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import json
@@ -162,6 +163,23 @@ class MetricsLogger:
             self.client.set_tag(self.run_id, key, value)
         except Exception as err:  # noqa: BLE001
             self._went_down(err)
+
+    def log_dict(self, data: Mapping, artifact_file: str) -> bool:
+        """A JSON artifact of the run (best-effort, like the metrics; a lost one is said, not retried)."""
+        try:
+            self.client.log_dict(self.run_id, dict(data), artifact_file)
+            return True
+        except Exception as err:  # noqa: BLE001
+            self._went_down(err)
+            return False
+
+    def log_figure(self, path: Path | str, artifact_path: str | None = None) -> bool:
+        try:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+            return True
+        except Exception as err:  # noqa: BLE001
+            self._went_down(err)
+            return False
 
     def close(self) -> int:
         """Last try for what is pending; returns (and reports) the number of metric batches lost."""

@@ -30,7 +30,8 @@ PARENT_ID_TAG = "mlflow.parentRunId"
 FAILURE_TAG = "mocolab.failure_reason"
 STOPPED_AT_TAG = "mocolab.stopped_at_epoch"  # a trial a scheduler stopped early: the epochs it completed
 # The final metrics a trials table carries (besides label, status, run id and params).
-TRIAL_METRICS = ("linear_top1", "knn_top1", "final_loss", "ema_half_life", "max_staleness_bound", "pretext_acc")
+TRIAL_METRICS = ("linear_top1", "knn_top1", "final_loss", "ema_half_life", "max_staleness_bound", "pretext_acc",
+                 "staleness_mean", "staleness_max", "drift_cos", "stored_cos")
 
 
 def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
@@ -134,6 +135,21 @@ class Store:
     def log_artifacts(self, run_id: str, paths: Iterable[Path | str], artifact_path: str | None = None) -> None:
         for p in paths:
             self.client.log_artifact(run_id, str(p), artifact_path=artifact_path)
+
+    def json_artifacts(self, run_id: str, folder: str) -> list[str]:
+        """The JSON artifacts under ``folder`` of a run, by name ([] if it has none)."""
+        try:
+            return sorted(f.path for f in self.client.list_artifacts(run_id, folder) if f.path.endswith(".json"))
+        except Exception:  # noqa: BLE001 - a run without artifacts (or a store without them) has none
+            return []
+
+    def read_json(self, run_id: str, path: str) -> dict:
+        import json
+        import os
+
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per small file is noise
+        with tempfile.TemporaryDirectory() as tmp:
+            return json.loads(Path(self.client.download_artifacts(run_id, path, tmp)).read_text())
 
     def log_texts(self, run_id: str, files: Mapping[str, str]) -> None:
         """Small text artifacts (tables, summaries) from memory: ``{file name: content}``."""

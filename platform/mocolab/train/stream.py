@@ -94,12 +94,25 @@ class StreamSource:
             yield np.array(out["images"][0])  # a copy: the block in the object store is read-only and is freed
 
     def epoch(self, generator, batch, rank, world_size, start_step):
+        for images, _ in self.epoch_indexed(generator, batch, rank, world_size, start_step):
+            yield images
+
+    def epoch_indexed(self, generator, batch, rank, world_size, start_step):
+        """As ``epoch``, with each image's position in the training index (memory bank, key drift)."""
         perm = torch.randperm(self.size, generator=generator)
         steps = self.size // (batch * world_size)
-        blocks = [[self.train.refs[i] for i in rank_positions(perm, s, batch, rank, world_size).tolist()]
-                  for s in range(start_step, steps)]
-        for images in self._stream(blocks):
-            yield torch.from_numpy(images)
+        positions = [rank_positions(perm, s, batch, rank, world_size) for s in range(start_step, steps)]
+        blocks = [[self.train.refs[i] for i in pos.tolist()] for pos in positions]
+        for pos, images in zip(positions, self._stream(blocks)):
+            yield torch.from_numpy(images), pos
+
+    def images_at(self, index):
+        """The training images at these positions, decoded (a few hundred at an epoch's end: key drift)."""
+        refs = [self.train.refs[i] for i in index.cpu().tolist()]
+        chunks = [refs[j:j + EVAL_CHUNK] for j in range(0, len(refs), EVAL_CHUNK)]
+        parts = [torch.from_numpy(images) for images in self._stream(chunks)]
+        return torch.cat(parts) if parts else torch.empty(0, self.channels, self.image_size, self.image_size,
+                                                          dtype=torch.uint8)
 
     def eval_split(self, split, n):
         index = self.train if split == "train" else self.test

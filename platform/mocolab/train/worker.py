@@ -114,6 +114,20 @@ def log_trained_models(trainer: Trainer, result, loop_config: dict) -> None:
         print(f"MLflow: encoder logged as {uris[ENCODER]} (mocolab export {loop_config['mlflow_run_id']} --out DIR)")
 
 
+DIAGNOSTICS_DIR = "negatives"  # the run's artifacts: epoch_NNNN.json per epoch, dictionary.png at the end
+
+
+def log_dictionary_plot(logger: MetricsLogger, diagnostics: dict, drift: dict, cfg: Config) -> None:
+    """The last epoch's age histogram and key drift against age over the epochs, in the run's artifacts."""
+    from ..analysis import dictionary_plot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        title = f"{diagnostics.get('negatives')} (m={cfg.moco.m}), epoch {diagnostics.get('epoch')}"
+        path = dictionary_plot(diagnostics, drift, Path(tmp) / "dictionary.png", title,
+                               fifo_bound=cfg.max_staleness if cfg.uses_queue else None)
+        logger.log_figure(path, DIAGNOSTICS_DIR)
+
+
 def open_source(cfg: Config, say=None) -> TrainSource | None:
     """The streaming source when ``data.loader`` resolves to stream; None lets the Trainer decode into memory."""
     d = cfg.data
@@ -204,12 +218,21 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
         if every and tr.step % every == 0 and tr.step % tr.steps_per_epoch and tr.step < tr.total_steps:
             _report(tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
 
+    last_diagnostics: dict = {}
+    drift: dict[int, tuple[list, list]] = {}  # epoch -> its probes' ages and drift cosines, for the run's plot
+
     def on_epoch(rec: EpochRecord) -> None:
         metrics = rec.metrics()
         if logger is not None:  # MLflow keeps the step itself: a "step" metric would only be noise in its UI
             # m comes once per step in the series (the epoch's value is its last point)
             logger.log({k: v for k, v in metrics.items() if k != "step" and k not in rec.per_step}, rec.step,
                        series=rec.per_step)
+            if rec.diagnostics:  # the dictionary's ages and the drift probes, whole: the plots read these
+                logger.log_dict(rec.diagnostics, f"{DIAGNOSTICS_DIR}/epoch_{rec.epoch:04d}.json")
+                last_diagnostics.update(rec.diagnostics, epoch=rec.epoch)
+                probes = rec.diagnostics.get("probes")
+                if probes:
+                    drift[rec.epoch] = (probes["age"], probes["drift_cos"])
         _report(trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
 
     memory.sample()
@@ -232,6 +255,8 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
                          result.steps)
         if result.diverged:
             logger.set_tag("mocolab.diverged_at_step", str(result.steps))
+        if last_diagnostics.get("age_histogram", {}).get("counts"):
+            log_dictionary_plot(logger, last_diagnostics, drift, cfg)
         logger.close()
         if result.probe is not None:  # a finished run: its encoder and probe as MLflow models
             log_trained_models(trainer, result, loop_config)

@@ -1,0 +1,164 @@
+"""Where negatives come from, besides MoCo's queue: a memory bank of every image, or the batch itself.
+
+MoCo's argument (He et al. 2020, section 3.2 and Fig. 3) compares three
+dictionaries.  ``in_batch`` (SimCLR's NT-Xent): each of the 2·B·W views is a
+query whose positive is the other view of its image and whose 2·B·W − 2
+negatives are every other view of the global batch, all from the one encoder
+being trained; the dictionary is as consistent as can be, and as small as the
+batch.  ``memory_bank`` (Wu et al. 2018): one stored embedding per training
+image; a query's positive is its own image's entry and its K negatives are
+entries drawn at random, then the batch's entries move towards the new
+embeddings, v ← normalise(a·v + (1 − a)·q).  The dictionary is as large as the
+data set, but an entry was written when its image was last seen, up to an
+epoch of encoder updates ago.  MoCo's queue (queue.py) sits between: large, and
+written by a slowly moving key encoder.
+
+Both classes here have MoCo's interface (``encoder_q``, ``step``, ``forward``
+returning ``MoCoOutput``) and no key encoder (``encoder_k`` is None).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .dist import gather_no_grad, gather_with_grad, rank_and_world
+from .moco import MoCoOutput
+from .moco_loss import info_nce
+from .norm import NoShuffle
+from .queue import WrittenAges
+
+SOURCES = ("queue", "memory_bank", "in_batch")  # moco.negatives
+BANK_SEED = 0x8A4C  # the bank's negative draws: one stream, the same on every rank (replicated banks agree)
+
+
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """SimCLR's NT-Xent of this rank's B pairs (z1[i], z2[i], normalised) over the global batch.
+
+    Every view of the global batch (gathered with autograd, so the gradient of
+    a rank's loss reaches the views other ranks computed) is a candidate; a
+    view is never its own negative.  Returns (mean over this rank's 2B queries,
+    correct 2B: the other view scored highest).  The mean of the ranks' losses
+    is the loss over all 2·B·W queries, and DDP's average of the ranks'
+    gradients is its gradient.
+    """
+    b = z1.shape[0]
+    rank, world = rank_and_world()
+    keys = torch.cat([gather_with_grad(z1), gather_with_grad(z2)])  # 2·B·W candidates: views 1, then views 2
+    queries = torch.cat([z1, z2])  # 2B
+    logits = queries @ keys.T / tau
+    n = b * world
+    own = torch.arange(b, device=z1.device) + b * rank  # this rank's images in the gathered order
+    self_col = torch.cat([own, own + n])  # each query's own column
+    positive = torch.cat([own + n, own])  # the other view of its image
+    logits = logits.masked_fill(F.one_hot(self_col, 2 * n).bool(), float("-inf"))
+    loss = F.cross_entropy(logits, positive)
+    return loss, logits.detach().argmax(dim=1) == positive
+
+
+class InBatchContrast(nn.Module):
+    """``moco.negatives=in_batch``: both views through the one encoder, NT-Xent over the global batch."""
+
+    def __init__(self, encoder_q: nn.Module, tau: float = 0.2, encoder_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.encoder_q, self.encoder_k, self.queue = encoder_q, None, None
+        self.tau, self.m = tau, 0.0
+        self.shuffler = NoShuffle()
+        self.encoder_dtype = encoder_dtype
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
+        b = x1.shape[0]
+        with torch.autocast(x1.device.type, dtype=self.encoder_dtype or torch.float32,
+                            enabled=self.encoder_dtype is not None):
+            z = self.encoder_q(torch.cat([x1, x2]))  # one pass: DDP sees one forward per backward
+        z = F.normalize(z.float(), dim=1)
+        loss, correct = nt_xent(z[:b], z[b:], self.tau)
+        self.step += 1
+        return MoCoOutput(loss, correct, z[b:].detach())
+
+
+class MemoryBank(WrittenAges, nn.Module):
+    """One unit embedding per training image, replicated on every rank.
+
+    ``negatives`` K entries are drawn uniformly (with replacement) once per
+    step from a generator of its own, seeded alike on every rank, and shared by
+    the step's queries; an entry that is the query's own image is masked out of
+    its negatives.  ``write_step`` is when each entry was last written (-1: the
+    random initialisation), so an entry's age is measured.
+    """
+
+    def __init__(self, size: int, dim: int, negatives: int, momentum: float = 0.5,
+                 generator: torch.Generator | None = None, seed: int = 0) -> None:
+        super().__init__()
+        if size < 2:
+            raise ValueError(f"memory bank: {size} entries; it needs the training set (>= 2 images)")
+        if negatives < 1:
+            raise ValueError(f"bank.negatives: {negatives} must be >= 1")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"bank.momentum: {momentum} is out of range; allowed [0, 1)")
+        self.size, self.dim, self.negatives, self.momentum = size, dim, negatives, momentum
+        self.register_buffer("entries", F.normalize(torch.randn(size, dim, generator=generator), dim=1))
+        self.register_buffer("write_step", torch.full((size,), -1, dtype=torch.long))
+        self.sampler = torch.Generator().manual_seed(BANK_SEED + seed)
+
+    def get_extra_state(self) -> dict:
+        return {"sampler": self.sampler.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        if state.get("sampler") is not None:
+            self.sampler.set_state(state["sampler"])
+
+    def sample(self) -> torch.Tensor:
+        """K entry indices for this step's negatives (the same on every rank)."""
+        return torch.randint(self.size, (self.negatives,), generator=self.sampler).to(self.entries.device)
+
+    def contrast(self, q: torch.Tensor, index: torch.Tensor, tau: float,
+                 negatives: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """InfoNCE of queries q (B×C, normalised) of images ``index`` (B): positive their own entry,
+        negatives the entries ``negatives`` (K; drawn by ``sample`` when None).  Returns (loss, correct B)."""
+        neg = self.sample() if negatives is None else negatives
+        index = index.to(self.entries.device)
+        l_pos = (q * self.entries[index]).sum(dim=1, keepdim=True)  # B×1 (indexing copies: no later in-place)
+        l_neg = q @ self.entries[neg].T  # B×K
+        l_neg = l_neg.masked_fill(neg[None, :] == index[:, None], float("-inf"))  # never its own entry
+        loss, logits = info_nce(l_pos, l_neg, tau)
+        return loss, logits.detach().argmax(dim=1) == 0
+
+    @torch.no_grad()
+    def update(self, q: torch.Tensor, index: torch.Tensor, step: int) -> None:
+        """Entries ``index`` (distinct) ← normalise(a·entry + (1 − a)·q), written at ``step``."""
+        index = index.to(self.entries.device)
+        a = self.momentum
+        mixed = a * self.entries[index] + (1.0 - a) * q.detach().to(self.entries.dtype)
+        self.entries[index] = F.normalize(mixed, dim=1)
+        self.write_step[index] = step
+
+
+class MemoryBankContrast(nn.Module):
+    """``moco.negatives=memory_bank``: one view per image through the encoder, scored against the bank;
+    no key encoder.  The global batch's embeddings and image indices are gathered so every rank writes
+    the same entries and the replicated banks stay equal."""
+
+    def __init__(self, encoder_q: nn.Module, bank: MemoryBank, tau: float = 0.2,
+                 encoder_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.encoder_q, self.encoder_k, self.queue, self.bank = encoder_q, None, None, bank
+        self.tau, self.m = tau, 0.0
+        self.shuffler = NoShuffle()
+        self.encoder_dtype = encoder_dtype
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
+        if index is None:
+            raise ValueError("moco.negatives=memory_bank needs each image's index in the training set")
+        with torch.autocast(im_q.device.type, dtype=self.encoder_dtype or torch.float32,
+                            enabled=self.encoder_dtype is not None):
+            q = self.encoder_q(im_q)
+        q = F.normalize(q.float(), dim=1)
+        loss, correct = self.bank.contrast(q, index, self.tau)
+        written = gather_no_grad(index.to(q.device))  # the global batch's images: the entries written
+        self.bank.update(gather_no_grad(q), written, int(self.step))
+        self.step += 1
+        return MoCoOutput(loss, correct, q.detach(), written)
