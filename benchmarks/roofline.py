@@ -1,0 +1,81 @@
+"""How close the training step comes to what the CPU can do: achieved GFLOP/s against measured matmul peak.
+
+    .venv/bin/python benchmarks/roofline.py [--threads 2] [--steps 20] [--preset cpu-quick]
+
+Counts the floating-point operations of one real ``Trainer.train_step``
+(query forward and backward, key forward, logits against the K negatives;
+the matmuls and convolutions, as torch's FlopCounterMode counts them, one
+multiply-add = 2 FLOPs), times the step, and divides. The peak is a dense
+square matmul (torch.mm, n = 2048) on the same threads, in fp32 and in bf16.
+Prints both fractions, for fp32 encoders and for bf16 encoders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from mocolab.config import build_config
+from mocolab.loop import Trainer
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 3.0) -> float:
+    """GFLOP/s of torch.mm on n×n matrices of ``dtype`` (the best of repeated timings)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    for _ in range(3):
+        torch.mm(a, b)
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def step_figures(preset: str, precision: str, steps: int, warmup: int) -> tuple[float, float, str]:
+    """(FLOPs of one step, steps/s, what ran) for the preset's real step at ``precision``."""
+    tr = Trainer(build_config(preset, {"run.precision": precision}))
+    tr.total_steps = 10**9
+    batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
+    data = [next(batches) for _ in range(warmup + steps + 1)]
+    with torch.random.fork_rng(devices=[]):
+        for images, index in data[:warmup]:
+            tr.train_step(images, index)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            tr.train_step(*data[warmup])
+        flops = counter.get_total_flops()
+        t0 = time.perf_counter()
+        for images, index in data[warmup + 1:]:
+            tr.train_step(images, index)
+        rate = steps / (time.perf_counter() - t0)
+    return flops, rate, f"batch {tr.batch}, {'bf16' if tr.precision is not None else 'fp32'} encoders"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="cpu-quick")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; preset {args.preset}")
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    for name, gflops in peaks.items():
+        print(f"dense matmul peak ({name}, n=2048): {gflops:7.1f} GFLOP/s")
+    for precision in ("fp32", "bf16"):
+        flops, rate, what = step_figures(args.preset, precision, args.steps, args.warmup)
+        achieved = flops * rate / 1e9
+        print(f"training step, {what}: {flops / 1e9:.2f} GFLOP per step, {rate:.2f} steps/s -> {achieved:6.1f} "
+              f"GFLOP/s = {100 * achieved / peaks[precision]:.0f}% of the {precision} matmul peak")
+
+
+if __name__ == "__main__":
+    main()
