@@ -19,6 +19,7 @@ import platform
 import time
 
 import torch
+from _steps import held_batches, timed_steps
 
 from mocolab.config import build_config
 from mocolab.data import ImageDataset, _synthetic
@@ -56,19 +57,9 @@ def measure(args, precision: str, channels_last: bool, train: ImageDataset, test
     tr = Trainer(_config(args, precision, device), train=train, test=test, device=device)
     if channels_last:
         _channels_last(tr)
-    tr.total_steps = 10**9  # no schedule end inside the benchmark
     tr.model.train()
-    batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
-    data = [next(batches) for _ in range(args.warmup + args.steps)]
-    with torch.random.fork_rng(devices=[]):
-        for images, index in data[:args.warmup]:
-            tr.train_step(images, index)
-        _sync(device)
-        t0 = time.perf_counter()
-        for images, index in data[args.warmup:]:
-            tr.train_step(images, index)
-        _sync(device)
-    return args.steps * tr.batch / (time.perf_counter() - t0), tr
+    rate = timed_steps(tr, held_batches(tr, args.warmup + args.steps), args.warmup, lambda: _sync(device))
+    return rate, tr
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import platform
 import time
 
 import torch
+from _steps import held_batches, timed_steps
 from torch import nn
 
 
@@ -101,16 +102,8 @@ def time_mocolab(precision: str, args) -> tuple[float, str]:
     cfg = build_config("cpu-quick", {"run.precision": precision, "optim.batch_size": args.batch,
                                      "queue.size": args.k})
     tr = Trainer(cfg)
-    tr.total_steps = 10**9
-    batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
-    data = [next(batches) for _ in range(args.warmup + args.steps)]
-    with torch.random.fork_rng(devices=[]):
-        for images, index in data[:args.warmup]:
-            tr.train_step(images, index)
-        t0 = time.perf_counter()
-        for images, index in data[args.warmup:]:  # batches already in memory: mocolab's loader holds them so
-            tr.train_step(images, index)
-        rate = args.steps * tr.batch / (time.perf_counter() - t0)
+    # batches already in memory: mocolab's loader holds them so
+    rate = timed_steps(tr, held_batches(tr, args.warmup + args.steps), args.warmup)
     return rate, "bf16" if tr.precision is not None else "fp32"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from _steps import held_batches
 from torch.profiler import ProfilerActivity, profile
 
 from mocolab.config import build_config
@@ -24,9 +25,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tr = Trainer(build_config("cpu-quick", args.set))
-    tr.total_steps = 10**9  # no schedule end inside the benchmark
-    batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
-    data = [next(batches) for _ in range(args.warmup + args.steps)]
+    data = held_batches(tr, args.warmup + args.steps)
     with torch.random.fork_rng(devices=[]):
         for images, index in data[:args.warmup]:
             tr.train_step(images, index)

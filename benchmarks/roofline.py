@@ -18,6 +18,7 @@ import platform
 import time
 
 import torch
+from _steps import held_batches, timed_steps
 from torch.utils.flop_counter import FlopCounterMode
 
 from mocolab.config import build_config
@@ -40,20 +41,15 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 3.0) -> floa
 def step_figures(preset: str, precision: str, steps: int, warmup: int) -> tuple[float, float, str]:
     """(FLOPs of one step, steps/s, what ran) for the preset's real step at ``precision``."""
     tr = Trainer(build_config(preset, {"run.precision": precision}))
-    tr.total_steps = 10**9
-    batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
-    data = [next(batches) for _ in range(warmup + steps + 1)]
+    data = held_batches(tr, warmup + steps + 1)
     with torch.random.fork_rng(devices=[]):
         for images, index in data[:warmup]:
             tr.train_step(images, index)
         counter = FlopCounterMode(display=False)
         with counter:
             tr.train_step(*data[warmup])
-        flops = counter.get_total_flops()
-        t0 = time.perf_counter()
-        for images, index in data[warmup + 1:]:
-            tr.train_step(images, index)
-        rate = steps / (time.perf_counter() - t0)
+    flops = counter.get_total_flops()
+    rate = timed_steps(tr, data[warmup + 1:], 0) / tr.batch
     return flops, rate, f"batch {tr.batch}, {'bf16' if tr.precision is not None else 'fp32'} encoders"
 
 
