@@ -5,13 +5,18 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
 
+from mocolab.hardware import keep_freed_memory
 from mocolab.loop import Trainer
+from mocolab.pooling import MaxPool2x2
 
 
 def held_batches(tr: Trainer, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``n`` (images, index) batches of one epoch, decoded ahead so the timing is the step alone;
-    the schedule is moved out of reach so no benchmark step is the run's last."""
+    the schedule is moved out of reach so no benchmark step is the run's last.  The process's allocator is
+    set as a training process sets it (``keep_freed_memory``), for everything the benchmark runs."""
+    keep_freed_memory()
     tr.total_steps = 10**9
     batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
     return [next(batches) for _ in range(n)]
@@ -29,3 +34,24 @@ def timed_steps(tr: Trainer, data: list, warmup: int, sync=lambda: None) -> floa
             tr.train_step(images, index)
         sync()
         return (len(data) - warmup) * tr.batch / (time.perf_counter() - t0)
+
+
+def with_torch_pool(net: nn.Module) -> nn.Module:
+    """The convnet with torch's nn.MaxPool2d(2) in place of mocolab's MaxPool2x2 (in place; returned)."""
+    for module in list(net.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, MaxPool2x2):
+                setattr(module, name, nn.MaxPool2d(2))
+    return net
+
+
+def with_relu_before_pool(net: nn.Module) -> nn.Module:
+    """The convnet's blocks as conv, BN, ReLU, pool (mocolab pools first: the same values on fewer elements)."""
+    for seq in [m for m in net.modules() if isinstance(m, nn.Sequential)]:
+        layers = list(seq)
+        for i in range(len(layers) - 1):
+            if isinstance(layers[i], (MaxPool2x2, nn.MaxPool2d)) and isinstance(layers[i + 1], nn.ReLU):
+                layers[i], layers[i + 1] = layers[i + 1], layers[i]
+        for i, layer in enumerate(layers):
+            seq[i] = layer
+    return net

@@ -1,7 +1,8 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
-from mocolab.augment import PRESETS, TwoViews
+from mocolab.augment import PRESETS, TwoViews, _random_resized_crop, resized_crops
 
 
 def _images(n: int = 16) -> torch.Tensor:
@@ -64,3 +65,35 @@ def test_grayscale_jitter_is_brightness_contrast_only():
 def test_unknown_preset():
     with pytest.raises(ValueError, match="augment.preset: unknown value 'simclr'"):
         TwoViews("simclr", 28, 1)
+
+
+def test_batched_resized_crops_equal_slicing_and_interpolating_each_image():
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(40, 3, 20, 24, generator=g)
+    boxes = []
+    for i in range(40):  # every kind of box: a single pixel, a row, a column, the whole image, random ones
+        x1, x2 = sorted(torch.randint(0, 24, (2,), generator=g).tolist())
+        y1, y2 = sorted(torch.randint(0, 20, (2,), generator=g).tolist())
+        boxes.append([(5, 7, 5, 7), (0, 3, 23, 3), (9, 0, 9, 19), (0, 0, 23, 19)][i] if i < 4 else (x1, y1, x2, y2))
+    boxes = torch.tensor(boxes)
+    out = resized_crops(x, boxes, (16, 12))
+    for i, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
+        ref = F.interpolate(x[i:i + 1, :, y1:y2 + 1, x1:x2 + 1], size=(16, 12), mode="bilinear", align_corners=True)
+        torch.testing.assert_close(out[i:i + 1], ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("crop_min", [0.08, 0.5])
+def test_batched_random_resized_crop_is_kornias_from_the_same_draws(crop_min):
+    import kornia.augmentation as K
+
+    x = torch.rand(64, 3, 28, 28)
+    ours = _random_resized_crop(28, crop_min)
+    theirs = K.RandomResizedCrop((28, 28), scale=(crop_min, 1.0))
+    torch.manual_seed(5)
+    a = ours(x)
+    after_ours = torch.rand(1)
+    torch.manual_seed(5)
+    b = theirs(x)
+    assert torch.equal(torch.rand(1), after_ours)  # the same random draws, no more, no fewer
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert not torch.equal(a, x)  # something was cropped

@@ -1,3 +1,4 @@
+import pytest
 import torch
 from torch import nn
 
@@ -26,6 +27,65 @@ def test_split_bn_normalises_each_group_on_its_own():
     a(x[:6]), b(x[6:])
     torch.testing.assert_close(split.running_mean, (a.running_mean + b.running_mean) / 2)
     torch.testing.assert_close(split.running_var, (a.running_var + b.running_var) / 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_split_bn_gradients_equal_separate_bn_layers_per_group(dtype, affine):
+    """Forward, input gradient, weight gradient and running statistics are those of one plain BatchNorm2d
+    per contiguous group (the weights shared): bit for bit in bfloat16 (torch's kernels on each slice)."""
+    g = 4
+    x = (torch.randn(32, 5, 3, 3) * 3 + 1).to(dtype)
+    split = SplitBatchNorm2d(5, groups=g, affine=affine)
+    if affine:
+        with torch.no_grad():
+            split.weight.uniform_(0.5, 2)
+            split.bias.uniform_(-1, 1)
+    ours = x.clone().requires_grad_()
+    y = split(ours)
+    grad = torch.randn(y.shape).to(dtype)
+    y.backward(grad)
+    theirs = x.clone().requires_grad_()
+    plain = [nn.BatchNorm2d(5, affine=affine) for _ in range(g)]
+    outs = []
+    for j, bn in enumerate(plain):
+        if affine:
+            bn.weight, bn.bias = split.weight, split.bias  # shared: gradients add up across groups
+        outs.append(bn(theirs[8 * j:8 * (j + 1)]))
+    ref = torch.cat(outs)
+    ours_w = (split.weight.grad.clone(), split.bias.grad.clone()) if affine else None
+    if affine:
+        split.weight.grad = split.bias.grad = None
+    ref.backward(grad)
+    if affine:
+        tol = dict(rtol=1e-5, atol=1e-5)  # G partial sums added in another order
+        torch.testing.assert_close(ours_w[0], split.weight.grad, **tol)
+        torch.testing.assert_close(ours_w[1], split.bias.grad, **tol)
+    assert y.dtype == ref.dtype and y.is_contiguous()
+    # float32 statistics are float32 sums here, float64 in torch's kernel: equal to float32 rounding
+    exact = dict(rtol=0, atol=0) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, ref, **exact)
+    torch.testing.assert_close(ours.grad, theirs.grad, **exact)
+    torch.testing.assert_close(split.running_mean, torch.stack([bn.running_mean for bn in plain]).mean(0), **exact)
+    torch.testing.assert_close(split.running_var, torch.stack([bn.running_var for bn in plain]).mean(0), **exact)
+    assert int(split.num_batches_tracked) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_bn_gpu_path_equals_the_cpu_kernels(dtype):
+    """The transposing path GPUs take, run here on CPU, against the per-group kernels."""
+    x = (torch.randn(16, 3, 4, 4) * 2 + 1).to(dtype)
+    a, b = SplitBatchNorm2d(3, groups=4), SplitBatchNorm2d(3, groups=4)
+    b.per_group_kernels = False
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = a(xa), b(xb)
+    grad = torch.randn(ya.shape).to(dtype)
+    ya.backward(grad)
+    yb.backward(grad)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=0)
+    torch.testing.assert_close(ya, yb, **tol)
+    torch.testing.assert_close(xa.grad, xb.grad, **tol)
+    torch.testing.assert_close(a.running_var, b.running_var, **tol)
 
 
 def test_split_bn_eval_is_plain_bn():

@@ -37,13 +37,66 @@ def _jitter(channels: int, strength: float, p: float) -> list[nn.Module]:
     return [K.ColorJitter(strength, strength, strength, min(0.1, strength / 4), p=p), K.RandomGrayscale(p=0.2)]
 
 
+def _axis(start: torch.Tensor, end: torch.Tensor, out: int) -> tuple[torch.Tensor, ...]:
+    """Bilinear sampling along one axis of crops [start, end] (inclusive, N each) resized to ``out`` with
+    aligned corners: both source positions and both weights per output pixel (N×out each), computed as
+    ``F.interpolate`` computes them (float32 scale (n-1)/(out-1), floor clamped to the crop, lambda in [0, 1])."""
+    n = end - start + 1
+    scale = (n - 1).float() / (out - 1) if out > 1 else torch.zeros(n.shape, device=start.device)
+    src = scale[:, None] * torch.arange(out, dtype=torch.float32, device=start.device)
+    i0 = torch.minimum(src.floor().long(), (n - 1)[:, None])
+    lam = (src - i0).clamp_(0, 1)
+    i1 = i0 + (i0 < (n - 1)[:, None]).long()
+    return start[:, None] + i0, start[:, None] + i1, 1 - lam, lam
+
+
+def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Crop box i of image i and resize it to ``size`` (bilinear, aligned corners), for the whole batch at once.
+
+    ``boxes``: N×4 integer (x1, y1, x2, y2), inclusive, inside the image.  Equal to
+    slicing each crop and ``F.interpolate``-ing it, to float rounding: rows are
+    interpolated first, then columns, by gathers over the batch.
+    """
+    n, c, _, w = x.shape
+    x1, y1, x2, y2 = boxes.to(x.device).unbind(1)
+    r0, r1, h0, h1 = _axis(y1, y2, size[0])
+    c0, c1, w0, w1 = _axis(x1, x2, size[1])
+
+    def rows(i: torch.Tensor) -> torch.Tensor:
+        return x.gather(2, i[:, None, :, None].expand(n, c, size[0], w))
+
+    t = rows(r0) * h0[:, None, :, None].to(x.dtype) + rows(r1) * h1[:, None, :, None].to(x.dtype)
+
+    def cols(i: torch.Tensor) -> torch.Tensor:
+        return t.gather(3, i[:, None, None, :].expand(n, c, size[0], size[1]))
+
+    return cols(c0) * w0[:, None, None, :].to(x.dtype) + cols(c1) * w1[:, None, None, :].to(x.dtype)
+
+
+def _random_resized_crop(size: int, crop_min: float):
+    """kornia's RandomResizedCrop (its parameters, from the same random draws), cropping the batch in one go:
+    kornia slices and resizes image by image, which was most of the augmentation's time on CPU."""
+    import kornia.augmentation as K
+
+    class BatchedRandomResizedCrop(K.RandomResizedCrop):
+        def apply_transform(self, input, params, flags, transform=None):
+            if (flags["cropping_mode"] != "slice" or flags["resample"].name != "BILINEAR"
+                    or not flags["align_corners"] or input.dim() != 4):
+                return super().apply_transform(input, params, flags, transform)
+            src = torch.as_tensor(params["src"], dtype=torch.long)  # N×4×2 corners (x, y), truncated as kornia does
+            boxes = torch.stack([src[:, 0, 0], src[:, 0, 1], src[:, 1, 0], src[:, 3, 1]], dim=1)
+            return resized_crops(input, boxes, tuple(flags["size"]))
+
+    return BatchedRandomResizedCrop((size, size), scale=(crop_min, 1.0))
+
+
 def _view(preset: str, size: int, channels: int, crop_min: float, jitter: float, sigma_max: float,
           blur_p: float, solarize_p: float) -> nn.Module:
     import kornia.augmentation as K
 
     ops: list[nn.Module] = []
     if preset != "none":
-        ops += [K.RandomResizedCrop((size, size), scale=(crop_min, 1.0)), K.RandomHorizontalFlip()]
+        ops += [_random_resized_crop(size, crop_min), K.RandomHorizontalFlip()]
     if preset in ("mocov1",):
         ops += _jitter(channels, jitter, p=1.0)
     if preset in ("mocov2", "mocov3"):

@@ -23,7 +23,7 @@ from .augment import build_augmentation
 from .config import Config
 from .diagnostics import DriftProbes, age_histogram
 from .evaluation import ProbeResult, extract_features, knn_accuracy, linear_probe
-from .hardware import resolve_device, resolve_precision
+from .hardware import keep_freed_memory, resolve_device, resolve_precision
 from .models import build_encoder
 from .moco import MoCo, MoCoV3
 from .negatives import InBatchContrast, MemoryBank, MemoryBankContrast
@@ -504,6 +504,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     set; its monitors are not run (the encoder is garbage by definition).
     """
     say = progress or (lambda _msg: None)
+    keep_freed_memory()  # every step frees and takes back the same megabytes (hardware.py)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     t_start = time.perf_counter()

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .norm import convert_split_bn
+from .pooling import MaxPool2x2
 
 from .vit import VIT_SIZES, build_vit
 
@@ -33,10 +34,13 @@ class ConvNet(nn.Module):
         chans = [in_channels, width, 2 * width, 4 * width, 8 * width]
         layers: list[nn.Module] = []
         for i in range(4):
-            layers += [nn.Conv2d(chans[i], chans[i + 1], 3, padding=1, bias=False),
-                       nn.BatchNorm2d(chans[i + 1]), nn.ReLU(inplace=True)]
+            layers += [nn.Conv2d(chans[i], chans[i + 1], 3, padding=1, bias=False), nn.BatchNorm2d(chans[i + 1])]
+            # pool, then ReLU: the same values and gradients as ReLU then pool (max and ReLU commute, and a
+            # window whose maximum is <= 0 passes no gradient either way), with the ReLU on a quarter of
+            # the elements.  MaxPool2x2 is nn.MaxPool2d(2), exactly, at a fraction of its CPU time.
             if i < 3:
-                layers.append(nn.MaxPool2d(2))
+                layers.append(MaxPool2x2())
+            layers.append(nn.ReLU(inplace=True))
         self.features = nn.Sequential(*layers)
         self.out_dim = chans[-1]
 

@@ -27,6 +27,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         if groups < 1:
             raise ValueError(f"groups: {groups} must be >= 1")
         self.groups = groups
+        self.per_group_kernels = True  # False: the transposing path on CPU too (tests, benchmarks/step_ab.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.groups == 1:
@@ -35,17 +36,109 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         g = self.groups
         if n % g:
             raise ValueError(f"batch of {n} is not divisible into {g} BN groups")
-        # N×C×H×W -> (N/G)×(G·C)×H×W: group j's channels sit at j·C..(j+1)·C
-        xg = x.view(g, n // g, c, h, w).transpose(0, 1).reshape(n // g, g * c, h, w)
-        running_mean = self.running_mean.repeat(g)
-        running_var = self.running_var.repeat(g)
-        out = F.batch_norm(xg, running_mean, running_var, self.weight.repeat(g), self.bias.repeat(g),
-                           True, self.momentum, self.eps)
+        running_mean = self.running_mean.repeat(g).view(g, c)
+        running_var = self.running_var.repeat(g).view(g, c)
+        # CPU: torch's kernels on each contiguous group; GPUs: one cuDNN call over a transposed copy
+        kernel = _GroupBatchNorm.apply if x.device.type == "cpu" and self.per_group_kernels else _transposed_batch_norm
+        out = kernel(x, self.weight, self.bias, running_mean, running_var, g, self.momentum, self.eps)
         with torch.no_grad():
-            self.running_mean.copy_(running_mean.view(g, c).mean(0))
-            self.running_var.copy_(running_var.view(g, c).mean(0))
+            self.running_mean.copy_(running_mean.mean(0))
+            self.running_var.copy_(running_var.mean(0))
             self.num_batches_tracked += 1
-        return out.view(n // g, g, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+        return out
+
+
+def _transposed_batch_norm(x, weight, bias, running_mean, running_var, groups: int, momentum: float,
+                           eps: float) -> torch.Tensor:
+    """The groups side by side as channels, N×C×H×W -> (N/G)×(G·C)×H×W, in one batch-norm call: two copies
+    of the batch, which cost little on a GPU and a tenth of a CPU step (so the CPU uses _GroupBatchNorm)."""
+    n, c, h, w = x.shape
+    g = groups
+    xg = x.view(g, n // g, c, h, w).transpose(0, 1).reshape(n // g, g * c, h, w)
+    out = F.batch_norm(xg, running_mean.view(-1), running_var.view(-1),
+                       None if weight is None else weight.repeat(g), None if bias is None else bias.repeat(g),
+                       True, momentum, eps)
+    return out.view(n // g, g, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+
+
+class _GroupBatchNorm(torch.autograd.Function):
+    """Training-mode batch-norm of G contiguous slices of the batch, each with its own statistics.
+
+    Each slice is contiguous, so torch's own batch-norm kernels run on it in
+    place of a whole-batch transpose: forward and backward write their slice of
+    one output tensor (``.out`` variants), and nothing is copied.  Row j of
+    ``running_mean``/``running_var`` (G×C) is updated from slice j, as G
+    separate ``BatchNorm2d`` layers would.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, groups: int, momentum: float, eps: float):
+        x = x.contiguous()
+        ref = weight if weight is not None else running_mean
+        stats = ref.dtype if ref is not None else x.dtype  # what native_batch_norm keeps its statistics in
+        out = torch.empty_like(x)
+        means = torch.empty(groups, x.shape[1], dtype=stats, device=x.device)
+        invstds = torch.empty_like(means)
+        for j, (xj, oj) in enumerate(zip(x.chunk(groups), out.chunk(groups))):
+            if x.dtype == torch.float32 and x.device.type == "cpu":
+                _float_batch_norm(xj, weight, bias, running_mean[j], running_var[j], momentum, eps, oj,
+                                  means[j], invstds[j])
+            else:
+                torch.ops.aten.native_batch_norm.out(xj, weight, bias, running_mean[j], running_var[j], True,
+                                                     momentum, eps, out=oj, save_mean=means[j], save_invstd=invstds[j])
+        ctx.save_for_backward(x, weight, means, invstds)
+        ctx.groups, ctx.eps = groups, eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, means, invstds = ctx.saved_tensors
+        grad = grad.contiguous()
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_x = torch.empty_like(x) if need_x else None
+        grad_w = grad_b = None
+        mask = [need_x, need_w, need_b]
+        for j, (xj, gj) in enumerate(zip(x.chunk(ctx.groups), grad.chunk(ctx.groups))):
+            args = (gj, xj, weight, None, None, means[j], invstds[j], True, ctx.eps, mask)
+            if all(mask):  # straight into this slice of grad_x
+                gx, gw, gb = grad_x[j * xj.shape[0]:(j + 1) * xj.shape[0]], torch.empty(0, dtype=means.dtype), \
+                    torch.empty(0, dtype=means.dtype)
+                torch.ops.aten.native_batch_norm_backward.out(*args, out0=gx, out1=gw, out2=gb)
+            else:  # the .out variant wants every output (an affine-free layer has no weight gradient)
+                gx, gw, gb = torch.ops.aten.native_batch_norm_backward(*args)
+                if need_x:
+                    grad_x[j * xj.shape[0]:(j + 1) * xj.shape[0]] = gx
+            if need_w:
+                grad_w = gw if grad_w is None else grad_w + gw
+            if need_b:
+                grad_b = gb if grad_b is None else grad_b + gb
+        return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def _float_batch_norm(x, weight, bias, running_mean, running_var, momentum: float, eps: float, out, save_mean,
+                      save_invstd) -> None:
+    """Training-mode batch-norm of float32 ``x`` on CPU, into ``out``: what ``native_batch_norm`` computes.
+
+    torch's CPU kernel accumulates float32 statistics in float64, which runs at
+    a fifth of the bfloat16 kernel's speed (it was a tenth of an fp32 cpu-quick
+    step).  Here the two-pass mean and biased variance are float32 sums
+    (cascaded, so accurate to float32 rounding), torch's eval-mode kernel
+    normalises with them, and the running statistics take the unbiased
+    variance, as in training mode.  The saved mean and 1/std feed torch's own
+    backward unchanged.
+    """
+    n, c = x.shape[0], x.shape[1]
+    v = x.view(n, c, -1)
+    count = n * v.shape[2]
+    mean = v.sum(2).sum(0).div_(count)
+    var = (v - mean[None, :, None]).pow_(2).sum(2).sum(0).div_(count)
+    torch.ops.aten.native_batch_norm.out(x, weight, bias, mean, var, False, momentum, eps, out=out,
+                                         save_mean=torch.empty(0), save_invstd=torch.empty(0))
+    save_mean.copy_(mean)
+    save_invstd.copy_(var.add(eps).rsqrt_())
+    with torch.no_grad():
+        running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
+        running_var.mul_(1 - momentum).add_(var * (count / max(count - 1, 1)), alpha=momentum)
 
 
 def convert_split_bn(module: nn.Module, groups: int) -> nn.Module:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .moco_loss import info_nce
+from .moco_loss import queue_info_nce
 
 POLICIES = ("fifo", "random")  # queue.policy: how an enqueued key chooses the slot it replaces
 POLICY_SEED = 0x5107  # random replacement: one fixed stream, the same on every rank (replicated queues agree)
@@ -124,8 +124,7 @@ class KeyQueue(WrittenAges, nn.Module):
         positive beat every negative (pretext accuracy).  Distributed layouts
         override this; the loss they return must equal this one.
         """
-        loss, logits = info_nce(l_pos, self.negative_logits(q), tau)
-        return loss, logits.detach().argmax(dim=1) == 0
+        return queue_info_nce(q, l_pos, self.keys, tau)  # info_nce(l_pos, negative_logits(q)), fused
 
     def ordered(self) -> torch.Tensor:
         """Keys oldest first: the FIFO order, for tests and for comparing layouts."""

@@ -1,0 +1,52 @@
+"""README's speed block, run as written: each benchmark line prints its figures.
+
+The lines come from README (the block after its speed-benchmarks mark), so
+README and this test cannot drift apart. The peer line needs lightly beside
+the venv (README says how to put it there; that needs PyPI), and is skipped
+where it is not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README_MARK = "<!-- speed-benchmarks: run as written by tests/test_benchmarks.py -->"
+# what each script must print: its figures, not just a clean exit
+EXPECTED = {
+    "step_ab.py": [r"variant\s+images/s", r"all\s+\d+\s+\d\.\d\d"],
+    "roofline.py": [r"dense matmul peak \(fp32", r"GFLOP per step, [\d.]+ steps/s .* of the fp32 matmul peak"],
+    "profile_step.py": [r"steps, batch 256", r"Self CPU time total"],
+    "augment_vs_torchvision.py": [r"mocolab TwoViews \(batched\)\s+\d+ images/s", r"per PIL image\s+\d+ images/s"],
+    "peer_lightly.py": [r"lightly-style pipeline, with mocolab's allocator setting:\s+\d+", r"mocolab step, fp32:\s+\d+"],
+}
+
+
+def _lines() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    assert README_MARK in text, "README lost its speed-benchmarks block"
+    block = re.search(r"```bash\n(.*?)```", text[text.index(README_MARK):], re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_readme_block_names_every_benchmark_once():
+    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in _lines()]
+    assert sorted(scripts) == sorted(EXPECTED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_readme_benchmark_line_runs_as_written(script):
+    line = next(line for line in _lines() if f"benchmarks/{script}" in line)
+    if "lightly-pkgs" in line and not (Path("/tmp/lightly-pkgs") / "lightly").is_dir():
+        pytest.skip("lightly is not installed beside the venv (README: pip install --no-deps --target ...)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    out = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for pattern in EXPECTED[script]:
+        assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"
