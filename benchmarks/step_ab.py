@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
-
 import types
 
 import torch
@@ -67,8 +66,8 @@ def unfused_loss(tr: Trainer) -> None:
     queue.contrast = contrast
 
 
-UNDO = {"native-pool": [native_pool], "relu-then-pool": [relu_then_pool], "kornia-crop": [kornia_crop], "transposing-bn": [transposing_bn],
-        "unfused-loss": [unfused_loss]}
+UNDO = {"native-pool": [native_pool], "relu-then-pool": [relu_then_pool], "kornia-crop": [kornia_crop],
+        "transposing-bn": [transposing_bn], "unfused-loss": [unfused_loss]}
 UNDO["all"] = [f for fs in UNDO.values() for f in fs]
 
 

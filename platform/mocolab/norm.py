@@ -80,7 +80,7 @@ class _GroupBatchNorm(torch.autograd.Function):
         means = torch.empty(groups, x.shape[1], dtype=stats, device=x.device)
         invstds = torch.empty_like(means)
         for j, (xj, oj) in enumerate(zip(x.chunk(groups), out.chunk(groups))):
-            if x.dtype == torch.float32 and x.device.type == "cpu":
+            if x.dtype == torch.float32:  # (this Function runs on CPU only)
                 _float_batch_norm(xj, weight, bias, running_mean[j], running_var[j], momentum, eps, oj,
                                   means[j], invstds[j])
             else:
@@ -98,16 +98,16 @@ class _GroupBatchNorm(torch.autograd.Function):
         grad_x = torch.empty_like(x) if need_x else None
         grad_w = grad_b = None
         mask = [need_x, need_w, need_b]
-        for j, (xj, gj) in enumerate(zip(x.chunk(ctx.groups), grad.chunk(ctx.groups))):
+        parts = grad_x.chunk(ctx.groups) if need_x else [None] * ctx.groups
+        for j, (xj, gj, part) in enumerate(zip(x.chunk(ctx.groups), grad.chunk(ctx.groups), parts)):
             args = (gj, xj, weight, None, None, means[j], invstds[j], True, ctx.eps, mask)
             if all(mask):  # straight into this slice of grad_x
-                gx, gw, gb = grad_x[j * xj.shape[0]:(j + 1) * xj.shape[0]], torch.empty(0, dtype=means.dtype), \
-                    torch.empty(0, dtype=means.dtype)
-                torch.ops.aten.native_batch_norm_backward.out(*args, out0=gx, out1=gw, out2=gb)
+                gw, gb = torch.empty(0, dtype=means.dtype), torch.empty(0, dtype=means.dtype)
+                torch.ops.aten.native_batch_norm_backward.out(*args, out0=part, out1=gw, out2=gb)
             else:  # the .out variant wants every output (an affine-free layer has no weight gradient)
                 gx, gw, gb = torch.ops.aten.native_batch_norm_backward(*args)
                 if need_x:
-                    grad_x[j * xj.shape[0]:(j + 1) * xj.shape[0]] = gx
+                    part.copy_(gx)
             if need_w:
                 grad_w = gw if grad_w is None else grad_w + gw
             if need_b:
@@ -136,9 +136,8 @@ def _float_batch_norm(x, weight, bias, running_mean, running_var, momentum: floa
                                          save_mean=torch.empty(0), save_invstd=torch.empty(0))
     save_mean.copy_(mean)
     save_invstd.copy_(var.add(eps).rsqrt_())
-    with torch.no_grad():
-        running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
-        running_var.mul_(1 - momentum).add_(var * (count / max(count - 1, 1)), alpha=momentum)
+    running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)  # (autograd is off in a Function's forward)
+    running_var.mul_(1 - momentum).add_(var * (count / max(count - 1, 1)), alpha=momentum)
 
 
 def convert_split_bn(module: nn.Module, groups: int) -> nn.Module:
