@@ -43,6 +43,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_concurrently(commands: list[list[str]], per_command: list[dict] | None = None,
+                     **kwargs) -> list[subprocess.CompletedProcess]:
+    """``subprocess.run`` of each command (output captured as text), as many at once as there are cores.
+
+    A fresh interpreter spends its first seconds importing torch on one core: tests that start several
+    (import checks, README lines run as written, bad input refused by a study) wait for the slowest
+    batch, not for the sum.  ``per_command``: more ``subprocess.run`` arguments for each command
+    (``env``, ``cwd``), over ``kwargs``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    extra = per_command or [{}] * len(commands)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda argv, own: subprocess.run(argv, capture_output=True, text=True,
+                                                              **{**kwargs, **own}), commands, extra))
+
+
 @pytest.fixture
 def free_port():
     """A function returning a free TCP port on 127.0.0.1 (for servers a test starts)."""

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_concurrently
 
 from mocolab.config import CHOICES
 
@@ -53,14 +54,18 @@ def test_readme_blocks_are_valid_as_written(mark, script, n_trains, n_studies):
     trains = [line for line in lines if line.startswith(".venv/bin/mocolab train")]
     studies = [line for line in lines if f"experiments/{script}" in line]
     assert len(trains) == n_trains and len(studies) == n_studies
-    for line in trains:
+    mocolab = str(Path(sys.executable).with_name("mocolab"))
+    *shown_configs, usage = run_concurrently(
+        [[mocolab, *shlex.split(line)[1:], "--print-config"] for line in trains]
+        + [[sys.executable, str(repo / "experiments" / script), "--help"]], timeout=120)
+    for line, res in zip(trains, shown_configs):
         argv = shlex.split(line)[1:]
-        res = _run(str(Path(sys.executable).with_name("mocolab")), *argv, "--print-config")
         assert res.returncode == 0, line + "\n" + res.stderr
         shown = dict(row.split(" = ", 1) for row in res.stdout.splitlines() if " = " in row)
         for key, value in (argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set"):
             assert shown[key].lower() == value.lower(), (key, shown[key], value)
-    usage = _run(sys.executable, str(repo / "experiments" / script), "--help").stdout
+    assert usage.returncode == 0, usage.stderr
+    usage = usage.stdout
     for line in studies:
         for flag in (a for a in shlex.split(line) if a.startswith("--")):
             assert flag in usage, flag

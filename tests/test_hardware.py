@@ -4,15 +4,22 @@ Measured in fresh interpreters (the setting is process-wide): the same loop
 of "steps" that allocate, touch and free 96 MiB of 24 MiB tensors, with and
 without it. One tensor at a time would not show it: glibc's dynamic threshold
 then keeps a single block.
+
+Without the setting, whether glibc hands the freed top of the heap back
+depends on where the interpreter's own small blocks happen to lie: on dev-2c,
+5 of 8 fresh interpreters faulted every step and 3 never did (with a fixed
+PYTHONHASHSEED, or ASLR off, as well). With it, none of 6 did. So the
+untuned side is sampled in fresh interpreters until one faults, and the
+tuned side must never fault.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+from conftest import run_concurrently
 
 from mocolab.hardware import keep_freed_memory
 
@@ -32,19 +39,31 @@ print(json.dumps({"tuned": tuned, "faults": resource.getrusage(resource.RUSAGE_S
 """
 
 
-def _faults(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", LOOP, mode], capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _faults(*modes: str) -> list[dict]:
+    """The loop in one fresh interpreter per mode, as many at once as there are cores (faults are per process)."""
+    runs = run_concurrently([[sys.executable, "-c", LOOP, mode] for mode in modes], timeout=120)
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    return [json.loads(run.stdout.strip().splitlines()[-1]) for run in runs]
+
+
+# glibc trimming the freed top every step: at least one fault per 64 KiB touched (the kernel may map
+# several pages a fault)
+FAULTING = 20 * (96 << 20) // (64 << 10)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
 def test_freed_tensors_are_reused_instead_of_faulted_in_again():
-    default, tuned = _faults("default"), _faults("tuned")
-    assert tuned["tuned"] is True
-    # glibc as it is: fresh mappings each time, at least one fault per 64 KiB touched (the kernel may map
-    # several pages a fault); with the setting: the same heap memory again, nearly no faults
-    assert default["faults"] > 20 * (96 << 20) // (64 << 10)
-    assert tuned["faults"] * 50 < default["faults"]
+    # glibc as it is: some interpreters fault their tensors in every step (about half on dev-2c; ten
+    # without one that does would happen about once in two thousand runs); with the setting: none
+    *untuned, tuned_a, tuned_b = _faults("default", "default", "tuned", "tuned")
+    while len(untuned) < 10 and max(r["faults"] for r in untuned) <= FAULTING:
+        untuned += _faults("default", "default")
+    worst = max(r["faults"] for r in untuned)
+    assert worst > FAULTING, f"no untuned interpreter faulted its tensors in: {untuned}"
+    for tuned in (tuned_a, tuned_b):
+        assert tuned["tuned"] is True
+        assert tuned["faults"] * 50 < worst, tuned
 
 
 def test_it_is_idempotent():

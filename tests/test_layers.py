@@ -9,29 +9,38 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_concurrently
 
 PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "mocolab"
 
 
-def _loaded(module: str) -> dict[str, bool]:
-    code = (f"import json, sys; import {module}; "
-            "print(json.dumps({name: name in sys.modules for name in ('ray', 'mlflow', 'mocolab.tune')}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("module, mlflow_allowed", [
+CHECKED = [
     ("mocolab.loop", False), ("mocolab.moco", False), ("mocolab.dist", False), ("mocolab.config", False),
     ("mocolab.analysis", False), ("mocolab.report", True), ("mocolab.tracking", True), ("mocolab.cli", False),
     ("mocolab.cluster", False), ("mocolab.export", False),
-])
-def test_import_loads_neither_ray_nor_mlflow(module, mlflow_allowed):
-    loaded = _loaded(module)
+]
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, dict[str, bool]]:
+    """Per module: which of ray, mlflow and mocolab.tune a fresh interpreter holds after importing it alone."""
+    code = ("import json, sys; import {}; "
+            "print(json.dumps({{name: name in sys.modules for name in ('ray', 'mlflow', 'mocolab.tune')}}))")
+    runs = run_concurrently([[sys.executable, "-c", code.format(module)] for module, _ in CHECKED], timeout=120)
+    out = {}
+    for (module, _), run in zip(CHECKED, runs):
+        assert run.returncode == 0, f"import {module}: {run.stderr[-2000:]}"
+        out[module] = json.loads(run.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("module, mlflow_allowed", CHECKED)
+def test_import_loads_neither_ray_nor_mlflow(loaded, module, mlflow_allowed):
+    loaded = loaded[module]
     assert not loaded["ray"], f"import {module} loaded ray"
     assert not loaded["mocolab.tune"], f"import {module} loaded mocolab.tune (a layer above it)"
     if not mlflow_allowed:

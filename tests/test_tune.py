@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_concurrently
 from mlflow.tracking import MlflowClient
 
 from mocolab.data import fashion_mnist_dir
@@ -80,26 +81,42 @@ def test_welch_t_test():
     assert welch_t([1.0], [2.0, 3.0]) is None
 
 
-def _run_study(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _study_call(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """(argv, subprocess.run arguments) of a smoke study writing under tmp_path; never a user's cluster."""
     e = {**os.environ, **(env or {})}
     e.pop("RAY_ADDRESS", None) if "RAY_ADDRESS" not in (env or {}) else None
-    return subprocess.run([sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
-                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-                           "--storage", str(tmp_path / "sweeps"), *args],
-                          capture_output=True, text=True, timeout=300, env=e, cwd=tmp_path)
+    return ([sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
+             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage", str(tmp_path / "sweeps"), *args],
+            {"env": e, "cwd": tmp_path, "timeout": 300})
 
 
-@pytest.mark.parametrize("args, env, message", [
+BAD_INPUT = [
     (["--seeds", "0"], None, "--seeds: 0 must be >= 1"),
     (["--momenta", ""], None, "the grid is empty"),
+    (["--tracking-uri", "http://127.0.0.1:9"], None, "does not answer"),
+    ([], {"RAY_ADDRESS": "127.0.0.1:9"}, "the cluster does not answer"),
     # config errors are tested in-process in test_config.py; through a study process they are slow
     pytest.param(["--momenta", "0.9,1.5"], None, "moco.m: 1.5 is out of range", marks=pytest.mark.slow),
     pytest.param(["--set", "moco.mm=0.9"], None, "unknown config key 'moco.mm'", marks=pytest.mark.slow),
-    (["--tracking-uri", "http://127.0.0.1:9"], None, "does not answer"),
-    ([], {"RAY_ADDRESS": "127.0.0.1:9"}, "the cluster does not answer"),
-])
-def test_bad_input_fails_before_any_trial_and_leaves_no_parent_run(tmp_path, args, env, message):
-    res = _run_study(tmp_path, *args, env=env)
+]
+
+
+@pytest.fixture(scope="module")
+def refused_studies(request, tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Every selected bad-input case, each study in its own folder, run at once: message -> (folder, result)."""
+    cases = [c.values if hasattr(c, "values") else c for c in BAD_INPUT]
+    selected = {item.callspec.params["message"] for item in request.session.items
+                if item.originalname == "test_bad_input_fails_before_any_trial_and_leaves_no_parent_run"}
+    cases = [c for c in cases if c[2] in selected]
+    folders = [tmp_path_factory.mktemp("refused") for _ in cases]
+    calls = [_study_call(folder, *args, env=env) for folder, (args, env, _) in zip(folders, cases)]
+    runs = run_concurrently([argv for argv, _ in calls], [own for _, own in calls])
+    return {message: (folder, run) for folder, (_, _, message), run in zip(folders, cases, runs)}
+
+
+@pytest.mark.parametrize("args, env, message", BAD_INPUT)
+def test_bad_input_fails_before_any_trial_and_leaves_no_parent_run(refused_studies, args, env, message):
+    tmp_path, res = refused_studies[message]
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert message in res.stderr, res.stderr[-2000:]
     db = tmp_path / "mlflow.db"
