@@ -40,11 +40,11 @@ def loaded() -> dict[str, dict[str, bool]]:
 
 @pytest.mark.parametrize("module, mlflow_allowed", CHECKED)
 def test_import_loads_neither_ray_nor_mlflow(loaded, module, mlflow_allowed):
-    loaded = loaded[module]
-    assert not loaded["ray"], f"import {module} loaded ray"
-    assert not loaded["mocolab.tune"], f"import {module} loaded mocolab.tune (a layer above it)"
+    held = loaded[module]
+    assert not held["ray"], f"import {module} loaded ray"
+    assert not held["mocolab.tune"], f"import {module} loaded mocolab.tune (a layer above it)"
     if not mlflow_allowed:
-        assert not loaded["mlflow"], f"import {module} loaded mlflow"
+        assert not held["mlflow"], f"import {module} loaded mlflow"
 
 
 def _imports(path: Path) -> set[str]:
