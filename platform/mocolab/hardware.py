@@ -46,12 +46,15 @@ def keep_freed_memory() -> bool:
 
     A training step allocates and frees the same tensors, megabytes each, every
     step.  glibc serves blocks above its mmap threshold with fresh mappings and
-    trims the heap's free top, so each step faulted its activations in page by
-    page again: 7-9 % of a cpu-quick step (benchmarks/RESULTS.md).  Here blocks
-    up to 32 MiB (glibc's ceiling) come from the heap, and up to 1 GiB of free
-    heap is kept.  The process's resident memory stays near its peak, which a
-    training process reaches every step anyway.  Linux with glibc only;
-    elsewhere nothing changes.  Idempotent.
+    may trim the heap's free top, so a process can fault its activations in
+    page by page every step: 7-9 % of a cpu-quick step where it did.  Whether
+    it does depends on the heap's layout; about half of fresh processes did
+    (benchmarks/RESULTS.md).  Here blocks up to 32 MiB (glibc's ceiling) come
+    from the heap and up to 1 GiB of free heap is kept, in every process.  The
+    resident memory stays near its peak, which a training process reaches
+    every step anyway.  Linux with glibc only; elsewhere nothing changes.
+    ``run_training`` calls it, which in-process runs and every Ray Train worker
+    go through.  Idempotent.
     """
     global _ALLOCATOR_TUNED
     if _ALLOCATOR_TUNED is not None:

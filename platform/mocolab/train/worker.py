@@ -19,7 +19,6 @@ import torch
 from .. import dist as mdist
 from ..config import Config, check_same_config, from_dict
 from ..data import DEFAULT_IMAGEFOLDER_SIZE
-from ..hardware import keep_freed_memory
 from ..sources import TrainSource, choose_loader
 from ..loop import EpochRecord, Trainer, run_training
 from ..tracking import MetricsLogger
@@ -155,7 +154,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-    keep_freed_memory()  # every step frees and takes back the same megabytes (hardware.py)
     if cfg.run.threads or cfg.run.num_workers > 0:  # Ray sets OMP threads, not torch's: use the CPU share
         torch.set_num_threads(cfg.run.threads or max(1, int(cfg.run.cpus_per_worker)))
     device = ray.train.torch.get_device() if cfg.run.gpus_per_worker > 0 else torch.device("cpu")
