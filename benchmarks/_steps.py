@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 
 import torch
 from torch import nn
@@ -55,3 +56,14 @@ def with_relu_before_pool(net: nn.Module) -> nn.Module:
         for i, layer in enumerate(layers):
             seq[i] = layer
     return net
+
+
+def with_kornia_crop(augment: nn.Module) -> nn.Module:
+    """The augmentation with kornia's own RandomResizedCrop, which crops image by image (in place; returned):
+    mocolab's batched crop is a subclass, so its method is put back to kornia's."""
+    import kornia.augmentation as K
+
+    for module in augment.modules():
+        if isinstance(module, K.RandomResizedCrop):
+            module.apply_transform = types.MethodType(K.RandomResizedCrop.apply_transform, module)
+    return augment

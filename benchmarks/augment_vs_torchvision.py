@@ -23,9 +23,9 @@ import argparse
 import os
 import platform
 import time
-import types
 
 import torch
+from _steps import with_kornia_crop
 
 
 def rate(fn, batches: list[torch.Tensor], warmup: int = 1) -> float:
@@ -44,7 +44,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    import kornia.augmentation as K
     from PIL import Image
     from torchvision.transforms import v2
 
@@ -58,10 +57,7 @@ def main() -> None:
     images = load_dataset(cfg.data.name, "train", cfg.data.root).images[: args.batch * (args.batches + 1)]
     batches = list(images.split(args.batch))
     ours = build_augmentation(cfg.augment, 28, 1)
-    before = build_augmentation(cfg.augment, 28, 1)
-    for module in before.modules():
-        if isinstance(module, K.RandomResizedCrop):
-            module.apply_transform = types.MethodType(K.RandomResizedCrop.apply_transform, module)
+    before = with_kornia_crop(build_augmentation(cfg.augment, 28, 1))
 
     mean, std = NORMALISATION[1]
     a = cfg.augment

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
-import types
 
 import torch
-from _steps import held_batches, timed_steps, with_relu_before_pool, with_torch_pool
+from _steps import held_batches, timed_steps, with_kornia_crop, with_relu_before_pool, with_torch_pool
 
 from mocolab.config import build_config
 from mocolab.hardware import keep_freed_memory
@@ -39,11 +38,7 @@ def relu_then_pool(tr: Trainer) -> None:
 
 def kornia_crop(tr: Trainer) -> None:
     """Before: kornia's RandomResizedCrop, which slices and resizes image by image."""
-    import kornia.augmentation as K
-
-    for module in tr.augment.modules():
-        if isinstance(module, K.RandomResizedCrop):
-            module.apply_transform = types.MethodType(K.RandomResizedCrop.apply_transform, module)
+    with_kornia_crop(tr.augment)
 
 
 def transposing_bn(tr: Trainer) -> None:
