@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=40)
     args = ap.parse_args()
+    if args.threads < 1 or args.repeats < 1:
+        ap.error(f"--threads and --repeats must be >= 1 (got {args.threads} and {args.repeats})")
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as training processes run (without it, fresh pages dominate these figures)
     start = time.perf_counter()
