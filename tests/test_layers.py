@@ -21,15 +21,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "mocolab"
 CHECKED = [
     ("mocolab.loop", False), ("mocolab.moco", False), ("mocolab.dist", False), ("mocolab.config", False),
     ("mocolab.analysis", False), ("mocolab.report", True), ("mocolab.tracking", True), ("mocolab.cli", False),
-    ("mocolab.cluster", False), ("mocolab.export", False),
+    ("mocolab.cluster", False), ("mocolab.export", False), ("mocolab.choices", False),
 ]
+# Loaded before anything heavy: validation and --help refuse a bad value in a fraction of a second.
+TORCH_FREE = ["mocolab.config", "mocolab.cli", "mocolab.choices"]
 
 
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, dict[str, bool]]:
-    """Per module: which of ray, mlflow and mocolab.tune a fresh interpreter holds after importing it alone."""
+    """Per module: which of ray, mlflow, mocolab.tune and torch a fresh interpreter holds after importing it
+    alone."""
     code = ("import json, sys; import {}; "
-            "print(json.dumps({{name: name in sys.modules for name in ('ray', 'mlflow', 'mocolab.tune')}}))")
+            "print(json.dumps({{name: name in sys.modules for name in ('ray', 'mlflow', 'mocolab.tune', 'torch')}}))")
     runs = run_concurrently([[sys.executable, "-c", code.format(module)] for module, _ in CHECKED], timeout=120)
     out = {}
     for (module, _), run in zip(CHECKED, runs):
@@ -45,6 +48,11 @@ def test_import_loads_neither_ray_nor_mlflow(loaded, module, mlflow_allowed):
     assert not held["mocolab.tune"], f"import {module} loaded mocolab.tune (a layer above it)"
     if not mlflow_allowed:
         assert not held["mlflow"], f"import {module} loaded mlflow"
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_config_and_command_line_load_no_torch(loaded, module):
+    assert not loaded[module]["torch"], f"import {module} loaded torch (its allowed values belong in choices.py)"
 
 
 def _imports(path: Path) -> set[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-PRESETS = ("mocov1", "mocov2", "mocov3", "crop", "none")
+from .choices import AUGMENT_PRESETS as PRESETS  # noqa: F401  (the list lives in choices.py, torch-free)
 
 # Per-dataset normalisation (channel means/stds of the training sets).
 NORMALISATION = {

@@ -21,19 +21,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-# Every list of allowed values is defined once, beside the code that implements it.
-from .augment import PRESETS as AUGMENT_PRESETS
-from .data import DATASETS, TRAIN_SIZES, count_images, native_image_size
-from .dist import BN_MODES, LAYOUTS as QUEUE_LAYOUTS
-from .hardware import DEVICES, PRECISIONS
-from .models import BACKBONES, HEADS
-from .moco import VERSIONS
-from .negatives import SOURCES as NEGATIVE_SOURCES
-from .optimizers import OPTIMIZERS
-from .queue import POLICIES as QUEUE_POLICIES
-from .schedule import LR_SCHEDULES, M_SCHEDULES
-from .vit import VIT_SIZES
-from .sources import LOADERS, STREAMABLE
+# Every list of allowed values is defined once, in choices.py, which the implementing modules import too:
+# config (and with it --help and every refusal of bad input) loads no torch.
+from .choices import (AUGMENT_PRESETS, BACKBONES, BN_MODES, DATASETS, DEVICES, HEADS, LOADERS, LR_SCHEDULES,
+                      M_SCHEDULES, NEGATIVE_SOURCES, OPTIMIZERS, PRECISIONS, QUEUE_LAYOUTS, QUEUE_POLICIES,
+                      STREAMABLE, TRAIN_SIZES, VERSIONS, VIT_SIZES, native_image_size)
 from .storage import is_uri
 
 PRESET_DIR = Path(__file__).with_name("presets")
@@ -196,6 +188,8 @@ class Config:
         if d.name == "synthetic":
             n: int | None = d.synthetic_size
         elif d.name in STREAMABLE:
+            from .data import count_images  # a folder walk; data.py (and torch) only for a streamable set
+
             n = count_images(d.root, "train", d.name)
         else:
             n = TRAIN_SIZES.get(d.name)

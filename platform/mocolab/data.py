@@ -42,12 +42,11 @@ __all__ = [
     "skipped_message",
 ]
 
-DATASETS: tuple[str, ...] = ("fashion-mnist", "cifar10", "stl10", "imagefolder", "parquet", "synthetic")
-# Training-set sizes of the named datasets, so that config validation checks K < N without loading data.
-TRAIN_SIZES: dict[str, int] = {"fashion-mnist": 60_000, "cifar10": 50_000, "stl10": 5_000}
+# The data sets, their training-set sizes and native image sides: in choices.py, which config reads without torch.
+from .choices import (DATASETS, DEFAULT_IMAGEFOLDER_SIZE, IMAGE_SIZES, SYNTHETIC_SIZE,  # noqa: E402,F401
+                      TRAIN_SIZES, native_image_size)
+
 SPLITS: tuple[str, ...] = ("train", "test")
-# Native image sides of the named datasets (a ViT's patch size must divide them).
-IMAGE_SIZES: dict[str, int] = {"fashion-mnist": 28, "cifar10": 32, "stl10": 96}
 
 # Names of the official Fashion-MNIST release (each may also lie uncompressed).
 FASHION_MNIST_FILES: dict[str, tuple[str, str]] = {
@@ -62,16 +61,7 @@ SYSTEM_FASHION_MNIST_DIRS: tuple[str, ...] = ("/usr/share/datasets/fashion-mnist
 
 # The files an imagefolder holds: what its loader decodes and what validation counts.
 IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp", ".gif")
-DEFAULT_IMAGEFOLDER_SIZE = 64
 SYNTHETIC_CLASSES = 10
-SYNTHETIC_SIZE = 28
-
-
-def native_image_size(name: str) -> int:
-    """The side a data set's images have when ``data.image_size`` leaves them alone."""
-    if name in IMAGE_SIZES:
-        return IMAGE_SIZES[name]
-    return SYNTHETIC_SIZE if name == "synthetic" else DEFAULT_IMAGEFOLDER_SIZE
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,11 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .choices import BN_MODES, QUEUE_LAYOUTS as LAYOUTS  # noqa: F401  (moco.bn, queue.layout: choices.py)
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
-
-LAYOUTS = ("replicated", "sharded")  # queue.layout
-BN_MODES = ("shuffle", "split", "sync", "plain")  # moco.bn: how key batch-norm is kept from cheating
 
 # gloo gained reduce_scatter in torch 2.8; older gloo falls back to all_reduce + slice.
 _TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])

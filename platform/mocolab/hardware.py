@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "auto")
+from .choices import DEVICES, PRECISIONS  # noqa: F401  (run.device, run.precision: choices.py)
 
 
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:

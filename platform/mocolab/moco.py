@@ -17,12 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .choices import VERSIONS  # noqa: F401  (moco.version: choices.py)
 from .dist import gather_no_grad, rank_and_world
 from .moco_loss import info_nce  # noqa: F401  (re-exported: the loss belongs to the method)
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
-
-VERSIONS = ("v1", "v2", "v3")  # moco.version: v1 and v2 share the queue algorithm (their recipes differ), v3 has none
 
 
 @dataclass

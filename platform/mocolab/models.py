@@ -11,15 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .choices import BACKBONES, HEADS  # noqa: F401  (model.backbone, model.head: choices.py)
 from .norm import convert_split_bn
 from .pooling import MaxPool2x2
 
 from .vit import VIT_SIZES, build_vit
-
-BACKBONES = ("convnet", "resnet18", "resnet50", *VIT_SIZES)
-# MoCo v1: linear; v2: mlp; v3: mlp-bn (ResNet: 2 layers) and mlp3-bn (ViT: 3 layers), batch-norm after each
-# layer and a non-affine one at the end, no biases (the reference's _build_mlp)
-HEADS = ("linear", "mlp", "mlp-bn", "mlp3-bn")
 
 
 class ConvNet(nn.Module):

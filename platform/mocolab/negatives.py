@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .choices import NEGATIVE_SOURCES as SOURCES  # noqa: F401  (moco.negatives: choices.py)
 from .dist import gather_no_grad, gather_with_grad, rank_and_world
 from .moco import MoCoOutput
 from .moco_loss import info_nce
 from .norm import NoShuffle
 from .queue import WrittenAges
 
-SOURCES = ("queue", "memory_bank", "in_batch")  # moco.negatives
 BANK_SEED = 0x8A4C  # the bank's negative draws: one stream, the same on every rank (replicated banks agree)
 
 

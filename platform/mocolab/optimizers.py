@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-OPTIMIZERS = ("sgd", "adamw", "lars")
+from .choices import OPTIMIZERS  # noqa: F401  (optim.name: choices.py)
 
 
 class LARS(torch.optim.Optimizer):

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .choices import QUEUE_POLICIES as POLICIES  # noqa: F401  (queue.policy: choices.py)
 from .moco_loss import queue_info_nce
 
-POLICIES = ("fifo", "random")  # queue.policy: how an enqueued key chooses the slot it replaces
 POLICY_SEED = 0x5107  # random replacement: one fixed stream, the same on every rank (replicated queues agree)
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-LR_SCHEDULES = ("cosine", "constant")
-M_SCHEDULES = ("constant", "cosine")
+from .choices import LR_SCHEDULES, M_SCHEDULES  # noqa: F401  (optim.schedule, moco.m_schedule: choices.py)
 
 
 def lr_at(schedule: str, base_lr: float, step: int, total_steps: int, warmup_steps: int = 0) -> float:

@@ -25,9 +25,8 @@ import numpy as np
 import torch
 
 from . import data as datasets
+from .choices import LOADERS, STREAMABLE  # noqa: F401  (data.loader: choices.py)
 
-LOADERS = ("auto", "memory", "stream")
-STREAMABLE = ("imagefolder", "parquet")
 EVAL_SUBSET_SEED = 0  # streamed evaluation subsets: one fixed draw, the same for every run, so runs compare
 
 

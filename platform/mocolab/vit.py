@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# name -> (embedding width, depth, heads): timm's ViT-Tiny and MoCo v3's ViT-Small (12 heads)
-VIT_SIZES: dict[str, tuple[int, int, int]] = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12)}
+from .choices import VIT_SIZES  # noqa: F401  (name -> width, depth, heads: choices.py)
 
 
 def default_patch_size(image_size: int) -> int:
