@@ -11,8 +11,7 @@ import sys
 
 import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
 
-from mocolab.analysis import bar_plot, fmt_mean_std, summarise
-from mocolab.augment import PRESETS
+from mocolab.choices import AUGMENT_PRESETS as PRESETS
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
 
@@ -38,6 +37,8 @@ def main() -> int:
                        f"seeds {seeds}", trials)
 
     def report(out_dir, trials_df):
+        from mocolab.analysis import bar_plot, fmt_mean_std, summarise
+
         trials_df = trials_df.assign(**{"params.setting": [
             f"bn={b}" if str(lbl).startswith("bn=") else f"aug={a}"
             for lbl, a, b in zip(trials_df["label"], trials_df["params.augment.preset"], trials_df["params.moco.bn"])]})

@@ -8,7 +8,6 @@ import sys
 
 import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
 
-from mocolab.analysis import PAPER_MOMENTUM, fmt_mean_std, momentum_plot, summarise, welch_t
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
 
@@ -30,6 +29,8 @@ def main() -> int:
                        f"preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
+        from mocolab.analysis import PAPER_MOMENTUM, fmt_mean_std, momentum_plot, summarise, welch_t
+
         table = summarise(trials_df, "moco.m")
         table["paper"] = [PAPER_TEXT.get(m, PAPER_MOMENTUM.get(m)) for m in table["moco.m"]]
         lines = [f"{'m':>7} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'final loss':>10} {'status':>10} "

@@ -20,10 +20,8 @@ import sys
 
 import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
 
-from mocolab.analysis import fmt_mean_std, negatives_plot
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
-from mocolab.tune.sweep import resolve_sweep
 
 RANDOM_M = 0.999  # random replacement: at the paper's momentum, where FIFO's keys are consistent
 
@@ -55,13 +53,12 @@ def main() -> int:
               for name, overrides in settings(momenta).items() for s in seeds]
     sweep = make_sweep(args, "negatives-ablation", f"Sources of negatives: in-batch, memory bank, queue FIFO "
                        f"(m in {momenta}) and random (m={RANDOM_M}), seeds {seeds}, preset {args.preset}", trials)
-    uri = resolve_sweep(sweep).tracking_uri
-
     def report(out_dir, trials_df):
+        from mocolab.analysis import fmt_mean_std, negatives_plot
         from mocolab.report import negatives_drift
-        from mocolab.tracking import Store
+        from mocolab.tracking import Store, resolve_tracking_uri
 
-        table, drift, epoch = negatives_drift(Store(uri), trials_df)
+        table, drift, epoch = negatives_drift(Store(resolve_tracking_uri(sweep.tracking_uri)), trials_df)
         lines = [f"{'setting':>22} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'age mean':>8} {'age max':>8} "
                  f"{'drift cos':>9} {'entry cos':>9} {'status':>10}"]
         for _, r in table.iterrows():

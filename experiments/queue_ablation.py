@@ -8,7 +8,6 @@ import sys
 
 import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
 
-from mocolab.analysis import fmt_mean_std, line_plot, summarise
 from mocolab.config import build_config, parse_overrides
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
@@ -40,6 +39,8 @@ def main() -> int:
                            metric="knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
 
     def report(out_dir, trials_df):
+        from mocolab.analysis import fmt_mean_std, line_plot, summarise
+
         table = summarise(trials_df, "queue.size")
         lines = [f"{'K':>7} {'trials':>6} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'staleness':>9} "
                  f"{'status':>10}"]

@@ -15,10 +15,8 @@ import sys
 
 import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
 
-from mocolab.analysis import bar_plot, fmt_mean_std, patch_momentum_table, summarise, vit_plot
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
-from mocolab.tune.sweep import resolve_sweep
 
 GRAD = "grad_norm_first_layer"
 
@@ -64,11 +62,11 @@ def main() -> int:
               for f in (False, True) for m in momenta for s in seeds]
     sweep = make_sweep(args, "vit-ablation", f"MoCo v3 ViT: patch projection trained|frozen x base m in {momenta}, "
                        f"seeds {seeds}, preset {args.preset}", trials)
-    uri = resolve_sweep(sweep).tracking_uri
-
     def report(out_dir, trials_df):
-        from mocolab.tracking import Store
+        from mocolab.analysis import fmt_mean_std, patch_momentum_table, vit_plot
+        from mocolab.tracking import Store, resolve_tracking_uri
 
+        uri = resolve_tracking_uri(sweep.tracking_uri)  # the store the sweep wrote (cwd and env are unchanged)
         table = patch_momentum_table(trials_df)
         df = trials_df.assign(**{"params.setting": [
             f"patch={'frozen' if _is_frozen(f) else 'trained'} m={float(m):g}"
@@ -106,6 +104,8 @@ def _compare_versions(args, seeds: list[int]) -> int:
                        f"preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
+        from mocolab.analysis import bar_plot, fmt_mean_std, summarise
+
         df = trials_df.assign(**{"params.setting": [f"{v} {b}" for v, b in zip(trials_df["params.moco.version"],
                                                                                  trials_df["params.model.backbone"])]})
         table = summarise(df, "setting")

@@ -1,7 +1,21 @@
-"""Ray Tune sweeps: one trial = one Ray Train run; the sweep is an MLflow parent run."""
+"""Ray Tune sweeps: one trial = one Ray Train run; the sweep is an MLflow parent run.
+
+What a sweep is (``Sweep``, ``Trial``) and the search names load without Ray or
+MLflow, so a study refuses bad input before either starts; the rest loads
+from ``sweep.py`` on first use.
+"""
 
 from .search import SCHEDULERS, SEARCHERS
-from .sweep import Sweep, Trial, open_parent, resolve_sweep, run_sweep, sweep_dir, validate_sweep
+from .spec import Sweep, Trial
 
-__all__ = ["SCHEDULERS", "SEARCHERS", "Sweep", "Trial", "open_parent", "resolve_sweep", "run_sweep", "sweep_dir",
-           "validate_sweep"]
+_FROM_SWEEP = ("open_parent", "resolve_sweep", "run_sweep", "sweep_dir", "validate_sweep")
+
+__all__ = ["SCHEDULERS", "SEARCHERS", "Sweep", "Trial", *_FROM_SWEEP]
+
+
+def __getattr__(name: str):
+    if name in _FROM_SWEEP:
+        from . import sweep
+
+        return getattr(sweep, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,9 @@
-"""What every study script shares: its command-line flags, building the Sweep, the closing report."""
+"""What every study script shares: its command-line flags, building the Sweep, the closing report.
+
+Only the flags and the sweep's description load at import: a study refuses
+bad input (``check_sweep``) before Ray, MLflow, torch or pandas start, which
+takes seconds; ``run_study`` loads them once the input is good.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,17 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import list_presets, parse_overrides
 from ..interrupts import closing_on_signals, exit_code
-from ..report import build_report
-from ..tracking import redact_uri, ui_links
-from .sweep import Sweep, Trial, ending, publish_report, resolve_sweep, run_sweep, sweep_dir
+from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep  # noqa: F401  (Trial: what studies build)
 
-# What a study's report function returns: the printed summary, its plot (or None) and its table.
-StudyReport = tuple[str, Path | None, pd.DataFrame]
+if TYPE_CHECKING:
+    import pandas as pd
+
+    # What a study's report function returns: the printed summary, its plot (or None) and its table.
+    StudyReport = tuple[str, Path | None, pd.DataFrame]
 
 
 def study_parser(description: str, default_name: str) -> argparse.ArgumentParser:
@@ -84,6 +88,13 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
     scheduler); 1 a trial failed; 2 bad input, refused before any trial; 128+N ended by signal N
     (Ctrl-C: 130, SIGTERM: 143), the sweep marked interrupted and resumable by the same command.
     """
+    try:
+        check_sweep(sweep)  # before the seconds of loading Ray, MLflow and torch below
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from .sweep import ending, resolve_sweep, run_sweep
+
     sweep = resolve_sweep(sweep)
     with closing_on_signals():
         try:
@@ -109,7 +120,6 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
 def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
     """--register: the best finished trial's encoder becomes a new version of the registered model."""
     from ..tracking.models import register_model
-    from .sweep import REGISTER_METRICS
 
     metric, mode = sweep.register_metric, REGISTER_METRICS[sweep.register_metric]
     done = trials[(trials["status"] == "finished") & trials[metric].notna()]
@@ -129,6 +139,10 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
 
 
 def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
+    from ..report import build_report
+    from ..tracking import redact_uri, ui_links
+    from .sweep import publish_report, sweep_dir
+
     trials = parent.trials()
     if trials.empty:
         print("no trial ran: nothing to summarise", file=sys.stderr)

@@ -12,149 +12,27 @@ name instead of created twice.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ray.tune import Stopper
 
-from ..config import absolute_paths, build_config, check_name
+from ..config import absolute_paths, build_config
 from ..lock import NameLock
 from ..storage import Location, is_uri
 from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
                         resolve_tracking_uri, source_tags)
 from .progress import SweepProgress
-from .search import build_scheduler, build_searcher, check_search, tune_space
-
-
-@dataclass
-class Trial:
-    """One point of a grid: a label a person reads (``m=0.9 seed=1``) and the config overrides."""
-
-    label: str
-    overrides: dict[str, Any]
-
-
-@dataclass
-class Sweep:
-    study: str  # the MLflow experiment, e.g. momentum-ablation
-    name: str  # the sweep's name: the same name resumes it
-    preset: str
-    description: str
-    base_overrides: dict[str, Any] = field(default_factory=dict)
-    trials: list[Trial] = field(default_factory=list)  # grid mode
-    search: str = "grid"  # grid: run ``trials``; optuna / random: sample ``search_space`` (see tune/search.py)
-    search_space: dict[str, list[Any]] | None = None  # search mode: dotted config key -> values to choose from
-    scheduler: str = "fifo"  # fifo: every trial runs to its end; asha: early stopping on ``metric``
-    metric: str = "knn_top1"  # what a search optimises (reported every epoch)
-    mode: str = "max"
-    num_samples: int = 1
-    seeds: list[int] = field(default_factory=lambda: [0])  # search mode: seeds per sampled point
-    workers_per_trial: int = 1
-    cpus_per_worker: float | None = None  # None: share the cluster's CPUs among concurrent trials
-    gpus_per_worker: float = 0.0
-    max_concurrent: int | None = None
-    tracking_uri: str | None = None
-    storage: str = "runs/sweeps"
-    stop_after: int | None = None  # end this invocation after N trials finish; the same name continues
-    source: dict[str, str] = field(default_factory=dict)  # MLflow source tags, computed in the driver
-    register: str | None = None  # register the best trial's encoder under this Model Registry name
-    register_metric: str = "linear_top1"  # ... best by this final metric (max; min for a loss)
-    verbose: bool = False  # also print Ray's own output (Tune's tables, workers' logs); always in Ray's log files
-    watch_s: int | None = None  # keep <sweep folder>/report/report.html current while trials run, every N s
-
-
-# ------------------------------------------------------------------ validation
-def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
-    """(max concurrent trials, CPUs per worker): by default two single-worker trials share two cores."""
-    w = max(1, sweep.workers_per_trial)
-    driver = TRIAL_DRIVER_CPUS
-    if sweep.max_concurrent is not None:
-        conc = sweep.max_concurrent
-    else:
-        conc = max(1, int(cluster_cpus // w)) if sweep.cpus_per_worker is None else \
-            max(1, int(cluster_cpus // (w * sweep.cpus_per_worker + driver)))
-    cpus = sweep.cpus_per_worker
-    if cpus is None:
-        cpus = max(0.1, (cluster_cpus / conc - driver) / w)
-        cpus = math.floor(cpus * 100) / 100
-    return conc, cpus
-
-
-TRIAL_DRIVER_CPUS = 0.05  # the trial's own function only waits on its Train run
-
-
-def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float,
-                    trial_id: str = "") -> tuple[str, dict[str, Any]]:
-    """(label, overrides) for one trial from Tune's config (grid: a Trial dict; search: dotted keys).
-
-    A search may sample the same point twice; its labels carry Tune's trial id so that two trials never
-    share a Train run or an MLflow run.
-    """
-    if "trial" in trial_cfg:
-        label, over = trial_cfg["trial"]["label"], dict(trial_cfg["trial"]["overrides"])
-    else:
-        over = {k: v for k, v in trial_cfg.items() if "." in k}
-        label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in over.items()) + f" [{trial_id}]"
-    over = {**sweep.base_overrides, **over,
-            "run.num_workers": sweep.workers_per_trial, "run.cpus_per_worker": cpus_per_worker,
-            "run.gpus_per_worker": sweep.gpus_per_worker, "run.experiment": sweep.study,
-            "run.output_dir": Location(sweep.storage).child(sweep.name, "train").location,
-            "run.name": f"{sweep.name}--{_slug(label)}"}
-    if sweep.workers_per_trial == 0:
-        over.pop("run.cpus_per_worker")
-    return label, over
-
-
-def _slug(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)
+from .search import build_scheduler, build_searcher, tune_space
+from .spec import (REGISTER_METRICS, TRIAL_DRIVER_CPUS, Sweep, Trial, check_sweep,  # noqa: F401  (re-exported)
+                   resolve_resources, trial_overrides)
 
 
 def validate_sweep(sweep: Sweep) -> None:
     """Every trial's config is built and validated, the tracking store answers: before any trial starts."""
-    check_name("--name", sweep.name)
-    if sweep.cpus_per_worker is not None and not sweep.cpus_per_worker > 0:
-        raise ValueError(f"--cpus-per-worker: {sweep.cpus_per_worker} must be > 0")
-    check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
-    if sweep.search == "grid" and not sweep.trials:
-        raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
-    if sweep.search != "grid":
-        if not sweep.search_space or any(not list(v) for v in sweep.search_space.values()):
-            raise ValueError(f"search_space: a {sweep.search} search needs at least one key with values to "
-                             f"choose from, got {sweep.search_space!r}")
-        for key, values in sweep.search_space.items():
-            for value in values:
-                build_config(sweep.preset, {**sweep.base_overrides, key: value})
-    if sweep.workers_per_trial < 0:
-        raise ValueError(f"--workers-per-trial: {sweep.workers_per_trial} must be >= 0")
-    if sweep.max_concurrent is not None and sweep.max_concurrent < 1:
-        raise ValueError(f"--max-concurrent: {sweep.max_concurrent} must be >= 1")
-    if sweep.gpus_per_worker < 0:
-        raise ValueError(f"--gpus-per-worker: {sweep.gpus_per_worker} must be >= 0")
-    if sweep.stop_after is not None and sweep.stop_after < 1:
-        raise ValueError(f"--stop-after: {sweep.stop_after} must be >= 1")
-    if sweep.num_samples < 1:
-        raise ValueError(f"--samples: {sweep.num_samples} must be >= 1")
-    labels = [t.label for t in sweep.trials]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"trial labels must be unique: {labels}")
-    for t in sweep.trials:
-        _, over = trial_overrides(sweep, {"trial": {"label": t.label, "overrides": t.overrides}}, 1.0)
-        build_config(sweep.preset, over)
-    if sweep.search != "grid":
-        build_config(sweep.preset, {**sweep.base_overrides})
-    if sweep.watch_s is not None and sweep.watch_s < 1:
-        raise ValueError(f"--watch: {sweep.watch_s} must be >= 1 (seconds between rewrites)")
-    if sweep.register is not None:
-        check_name("--register", sweep.register)
-        if sweep.register_metric not in REGISTER_METRICS:
-            raise ValueError(f"--register-metric: {sweep.register_metric!r} is not one of {list(REGISTER_METRICS)}")
+    check_sweep(sweep)
     check_tracking_uri(resolve_tracking_uri(sweep.tracking_uri))
-
-
-REGISTER_METRICS = {"linear_top1": "max", "knn_top1": "max", "final_loss": "min"}  # final metrics of every trial
 
 
 # ------------------------------------------------------------------ MLflow parent
