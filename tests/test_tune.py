@@ -75,6 +75,25 @@ def test_diverged_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_session)
     assert set(df["status"]) == {"diverged", "finished"}
 
 
+@pytest.mark.parametrize("cluster, asked, expected", [
+    (2, {}, (2, 0.95, 1)),  # the default: two 1-thread trials on two cores
+    (2, {"max_concurrent": 1}, (1, 1.95, 2)),  # one trial: its worker computes on both cores
+    (2, {"cpus_per_worker": 2}, (1, 1.95, 2)),  # 2 + the driver's 0.05 would never fit: a sliver less
+    (4, {"cpus_per_worker": 2}, (2, 1.95, 2)),  # ... and the slivers never cost a whole trial
+    (2, {"cpus_per_worker": 1, "workers_per_trial": 2}, (1, 0.97, 1)),
+    (2, {"cpus_per_worker": 1.5}, (1, 1.5, 1)),  # fits with its driver: as asked
+    (2, {"cpus_per_worker": 3}, (1, 3, 3)),  # can never fit: left for check_placement to refuse
+    (2, {"cpus_per_worker": 2, "workers_per_trial": 0}, (1, 2, 2)),  # local mode: no driver beside a worker
+])
+def test_trial_drivers_never_cost_a_whole_trial_or_a_thread(cluster, asked, expected):
+    """What a sweep asks Ray for and how many threads its workers compute on, from the cluster's CPUs."""
+    from mocolab.train.resources import threads_for
+    from mocolab.tune.sweep import resolve_resources
+
+    conc, cpus = resolve_resources(Sweep("s", "n", "smoke", "d", **asked), cluster)
+    assert (conc, cpus, threads_for(cpus)) == expected
+
+
 def test_welch_t_test():
     t, p = welch_t([80.1, 80.5, 79.9], [86.0, 86.4, 85.8])
     assert t < -10 and p < 0.001

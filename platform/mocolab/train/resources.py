@@ -10,6 +10,16 @@ from __future__ import annotations
 
 import math
 
+# What a sweep's trial reserves for its own function beside its workers: it only waits on its Train run.
+TRIAL_DRIVER_CPUS = 0.05
+
+
+def threads_for(cpus_per_worker: float) -> int:
+    """torch threads for a worker granted this many Ray CPUs: its whole cores, with a trial driver's sliver
+    counted back.  A worker that reserves 1.95 CPU so that its trial's driver fits beside it on two cores
+    computes on 2 threads, not 1; 0.95 and 0.5 compute on 1."""
+    return max(1, math.floor(cpus_per_worker + TRIAL_DRIVER_CPUS + 1e-9))
+
 
 def node_capacities() -> list[dict[str, float]]:
     """Total CPU and GPU of every live node of the connected Ray."""

@@ -25,6 +25,7 @@ from ..tracking import MetricsLogger
 from ..tracking.system import node_labels, start_monitor, stop_monitor
 from ..storage import Location
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
+from .resources import threads_for
 
 
 def _report(trainer: Trainer, config: dict, metrics: dict, keep: Location | None = None) -> None:
@@ -155,7 +156,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     if cfg.run.threads or cfg.run.num_workers > 0:  # Ray sets OMP threads, not torch's: use the CPU share
-        torch.set_num_threads(cfg.run.threads or max(1, int(cfg.run.cpus_per_worker)))
+        torch.set_num_threads(cfg.run.threads or threads_for(cfg.run.cpus_per_worker))
     device = ray.train.torch.get_device() if cfg.run.gpus_per_worker > 0 else torch.device("cpu")
     memory = MemoryWatch()
     trainer = Trainer(cfg, device=device, source=open_source(cfg, say=print if ray.train.get_context()

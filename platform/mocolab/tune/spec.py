@@ -6,7 +6,6 @@ fraction of a second; ``sweep.py`` then loads Ray and MLflow to run it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,25 +52,6 @@ class Sweep:
 
 
 # ------------------------------------------------------------------ validation
-def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
-    """(max concurrent trials, CPUs per worker): by default two single-worker trials share two cores."""
-    w = max(1, sweep.workers_per_trial)
-    driver = TRIAL_DRIVER_CPUS
-    if sweep.max_concurrent is not None:
-        conc = sweep.max_concurrent
-    else:
-        conc = max(1, int(cluster_cpus // w)) if sweep.cpus_per_worker is None else \
-            max(1, int(cluster_cpus // (w * sweep.cpus_per_worker + driver)))
-    cpus = sweep.cpus_per_worker
-    if cpus is None:
-        cpus = max(0.1, (cluster_cpus / conc - driver) / w)
-        cpus = math.floor(cpus * 100) / 100
-    return conc, cpus
-
-
-TRIAL_DRIVER_CPUS = 0.05  # the trial's own function only waits on its Train run
-
-
 def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float,
                     trial_id: str = "") -> tuple[str, dict[str, Any]]:
     """(label, overrides) for one trial from Tune's config (grid: a Trial dict; search: dotted keys).

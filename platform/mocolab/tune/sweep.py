@@ -12,6 +12,7 @@ name instead of created twice.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -25,8 +26,35 @@ from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_st
                         resolve_tracking_uri, source_tags)
 from .progress import SweepProgress
 from .search import build_scheduler, build_searcher, tune_space
-from .spec import (REGISTER_METRICS, TRIAL_DRIVER_CPUS, Sweep, Trial, check_sweep,  # noqa: F401  (re-exported)
-                   resolve_resources, trial_overrides)
+from ..train.resources import TRIAL_DRIVER_CPUS, threads_for
+from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep, trial_overrides  # noqa: F401  (re-exported)
+
+
+def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
+    """(max concurrent trials, CPUs per worker): by default two single-worker trials share two cores.
+
+    Each trial reserves its workers' CPUs and TRIAL_DRIVER_CPUS for its own function.  Where those slivers
+    would cost whole trials (``--cpus-per-worker 2`` on two cores: 2 + 0.05 does not fit), each worker
+    reserves a sliver less (1.95), and still computes on as many threads (``train.resources.threads_for``).
+    """
+    w = max(1, sweep.workers_per_trial)
+    driver = TRIAL_DRIVER_CPUS
+    cpus = sweep.cpus_per_worker
+    if sweep.max_concurrent is not None:
+        conc = sweep.max_concurrent
+    elif cpus is None:
+        conc = max(1, int(cluster_cpus // w))
+    else:
+        conc = max(1, int(cluster_cpus // (w * cpus + driver)))
+        whole = int(cluster_cpus / (w * cpus) + 1e-9)  # trials that would fit without their drivers
+        if sweep.workers_per_trial > 0 and whole > int(cluster_cpus // (w * cpus + driver)):
+            shaved = math.floor((cluster_cpus / whole - driver) / w * 100 + 1e-6) / 100
+            if shaved > 0 and threads_for(shaved) == threads_for(cpus):
+                conc, cpus = whole, shaved
+    if cpus is None:
+        cpus = max(0.1, (cluster_cpus / conc - driver) / w)
+        cpus = math.floor(cpus * 100) / 100
+    return conc, cpus
 
 
 def validate_sweep(sweep: Sweep) -> None:
@@ -149,7 +177,13 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
         progress(f"Ray's own output (Tune's tables, the workers' logs) is in {ray_logs_dir()}; --verbose prints it "
                  f"here too")
     nodes = node_capacities()
-    conc, cpus = resolve_resources(sweep, sum(n["CPU"] for n in nodes) or float(os.cpu_count() or 1))
+    cluster_cpus = sum(n["CPU"] for n in nodes) or float(os.cpu_count() or 1)
+    conc, cpus = resolve_resources(sweep, cluster_cpus)
+    if sweep.cpus_per_worker is not None and cpus != sweep.cpus_per_worker:
+        threads = "run.threads" if "run.threads" in sweep.base_overrides else f"{threads_for(cpus)} thread(s)"
+        progress(f"--cpus-per-worker {sweep.cpus_per_worker:g}: each worker reserves {cpus:g} CPU, so that "
+                 f"{conc} trial(s) and their drivers ({TRIAL_DRIVER_CPUS:g} CPU each) fit in the cluster's "
+                 f"{cluster_cpus:g} CPU; it computes on {threads}")
     if sweep.workers_per_trial > 0:
         device = build_config(sweep.preset, sweep.base_overrides).run.device
         check_device(device, sweep.gpus_per_worker)
