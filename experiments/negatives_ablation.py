@@ -53,6 +53,7 @@ def main() -> int:
               for name, overrides in settings(momenta).items() for s in seeds]
     sweep = make_sweep(args, "negatives-ablation", f"Sources of negatives: in-batch, memory bank, queue FIFO "
                        f"(m in {momenta}) and random (m={RANDOM_M}), seeds {seeds}, preset {args.preset}", trials)
+
     def report(out_dir, trials_df):
         from mocolab.analysis import fmt_mean_std, negatives_plot
         from mocolab.report import negatives_drift

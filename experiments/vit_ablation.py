@@ -62,6 +62,7 @@ def main() -> int:
               for f in (False, True) for m in momenta for s in seeds]
     sweep = make_sweep(args, "vit-ablation", f"MoCo v3 ViT: patch projection trained|frozen x base m in {momenta}, "
                        f"seeds {seeds}, preset {args.preset}", trials)
+
     def report(out_dir, trials_df):
         from mocolab.analysis import fmt_mean_std, patch_momentum_table, vit_plot
         from mocolab.tracking import Store, resolve_tracking_uri
