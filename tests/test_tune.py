@@ -79,6 +79,9 @@ def test_diverged_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_session)
     (2, {}, (2, 0.95, 1)),  # the default: two 1-thread trials on two cores
     (2, {"max_concurrent": 1}, (1, 1.95, 2)),  # one trial: its worker computes on both cores
     (2, {"cpus_per_worker": 2}, (1, 1.95, 2)),  # 2 + the driver's 0.05 would never fit: a sliver less
+    (2, {"cpus_per_worker": 2, "max_concurrent": 1}, (1, 1.95, 2)),
+    (2, {"cpus_per_worker": 1, "max_concurrent": 1}, (1, 1, 1)),  # one trial fits with its driver: as asked
+    (2, {"cpus_per_worker": 1, "max_concurrent": 2}, (2, 0.95, 1)),
     (4, {"cpus_per_worker": 2}, (2, 1.95, 2)),  # ... and the slivers never cost a whole trial
     (2, {"cpus_per_worker": 1, "workers_per_trial": 2}, (1, 0.97, 1)),
     (2, {"cpus_per_worker": 1.5}, (1, 1.5, 1)),  # fits with its driver: as asked

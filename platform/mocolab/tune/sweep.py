@@ -40,18 +40,19 @@ def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
     w = max(1, sweep.workers_per_trial)
     driver = TRIAL_DRIVER_CPUS
     cpus = sweep.cpus_per_worker
-    if sweep.max_concurrent is not None:
-        conc = sweep.max_concurrent
-    elif cpus is None:
-        conc = max(1, int(cluster_cpus // w))
-    else:
-        conc = max(1, int(cluster_cpus // (w * cpus + driver)))
-        whole = int(cluster_cpus / (w * cpus) + 1e-9)  # trials that would fit without their drivers
-        if sweep.workers_per_trial > 0 and whole > int(cluster_cpus // (w * cpus + driver)):
-            shaved = math.floor((cluster_cpus / whole - driver) / w * 100 + 1e-6) / 100
-            if shaved > 0 and threads_for(shaved) == threads_for(cpus):
-                conc, cpus = whole, shaved
     if cpus is None:
+        conc = sweep.max_concurrent or max(1, int(cluster_cpus // w))
+    else:
+        fit = int(cluster_cpus // (w * cpus + driver))  # trials that fit with their drivers
+        want = int(cluster_cpus / (w * cpus) + 1e-9)  # ... and without them
+        if sweep.max_concurrent is not None:
+            want = min(want, sweep.max_concurrent)
+        if sweep.workers_per_trial > 0 and want > fit:
+            shaved = math.floor((cluster_cpus / want - driver) / w * 100 + 1e-6) / 100
+            if shaved > 0 and threads_for(shaved) == threads_for(cpus):
+                fit, cpus = want, shaved
+        conc = sweep.max_concurrent or max(1, fit)
+    if sweep.cpus_per_worker is None:
         cpus = max(0.1, (cluster_cpus / conc - driver) / w)
         cpus = math.floor(cpus * 100) / 100
     return conc, cpus
