@@ -68,14 +68,16 @@ def main() -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.layout_optimization = False
-    dtype = torch.bfloat16 if args.precision == "bf16" else None
     x = torch.randn(256, 1, 28, 28)
 
+    def precision():  # as MoCo runs its encoders: bf16 autocast, or plain float32
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
     def step(encoder: nn.Module) -> None:
-        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        with precision():
             q = encoder(x)
         q.float().square().sum().backward()
-        with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.no_grad(), precision():
             encoder(x)  # the key pass: same shapes, no graph
 
     base = build_encoder("convnet", 1, width=32, head="mlp", dim=64, bn_groups=4)

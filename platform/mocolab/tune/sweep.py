@@ -24,9 +24,9 @@ from ..lock import NameLock
 from ..storage import Location, is_uri
 from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
                         resolve_tracking_uri, source_tags)
+from ..train.resources import TRIAL_DRIVER_CPUS, threads_for
 from .progress import SweepProgress
 from .search import build_scheduler, build_searcher, tune_space
-from ..train.resources import TRIAL_DRIVER_CPUS, threads_for
 from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep, trial_overrides  # noqa: F401  (re-exported)
 
 
@@ -40,22 +40,18 @@ def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
     w = max(1, sweep.workers_per_trial)
     driver = TRIAL_DRIVER_CPUS
     cpus = sweep.cpus_per_worker
-    if cpus is None:
+    if cpus is None:  # the cluster shared among the concurrent trials, less their drivers
         conc = sweep.max_concurrent or max(1, int(cluster_cpus // w))
-    else:
-        fit = int(cluster_cpus // (w * cpus + driver))  # trials that fit with their drivers
-        want = int(cluster_cpus / (w * cpus) + 1e-9)  # ... and without them
-        if sweep.max_concurrent is not None:
-            want = min(want, sweep.max_concurrent)
-        if sweep.workers_per_trial > 0 and want > fit:
-            shaved = math.floor((cluster_cpus / want - driver) / w * 100 + 1e-6) / 100
-            if shaved > 0 and threads_for(shaved) == threads_for(cpus):
-                fit, cpus = want, shaved
-        conc = sweep.max_concurrent or max(1, fit)
-    if sweep.cpus_per_worker is None:
-        cpus = max(0.1, (cluster_cpus / conc - driver) / w)
-        cpus = math.floor(cpus * 100) / 100
-    return conc, cpus
+        return conc, math.floor(max(0.1, (cluster_cpus / conc - driver) / w) * 100) / 100
+    fit = int(cluster_cpus // (w * cpus + driver))  # trials that fit with their drivers
+    want = int(cluster_cpus / (w * cpus) + 1e-9)  # ... and without them
+    if sweep.max_concurrent is not None:
+        want = min(want, sweep.max_concurrent)
+    if sweep.workers_per_trial > 0 and want > fit:
+        shaved = math.floor((cluster_cpus / want - driver) / w * 100 + 1e-6) / 100
+        if shaved > 0 and threads_for(shaved) == threads_for(cpus):
+            fit, cpus = want, shaved
+    return sweep.max_concurrent or max(1, fit), cpus
 
 
 def validate_sweep(sweep: Sweep) -> None:
