@@ -10,7 +10,7 @@ MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
 FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: setup data postgres chromium run test test-fast train clean
+.PHONY: setup data postgres chromium peers run test test-fast test-durations train clean
 
 setup: $(STAMP) data postgres
 
@@ -65,17 +65,44 @@ chromium:
 	  echo "Chromium: not installed (the MLflow UI test skips)"; \
 	fi
 
+# lightly beside the venv (not in it: it is a peer measured against, not a dependency), for README's peer
+# benchmark and its test; PyPI is needed once.
+LIGHTLY := /tmp/lightly-pkgs
+peers: $(STAMP)
+	@if [ -d $(LIGHTLY)/lightly ]; then echo "lightly: present"; else \
+	  echo "lightly: pip install --target $(LIGHTLY)"; \
+	  $(PY) -m pip install -q --no-deps --target $(LIGHTLY) lightly lightning-utilities >/dev/null 2>&1 || \
+	  echo "lightly: pip install failed (the peer benchmark's test skips)"; \
+	fi
+
 # The main job: the momentum ablation on the cpu-quick preset, local Ray, local MLflow store.
 RUN_ARGS ?=
 run: setup
 	$(PY) experiments/momentum_ablation.py --preset cpu-quick --momenta 0,0.9,0.99,0.999 $(RUN_ARGS)
 
-test: setup chromium
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The suite runs on one pytest-xdist worker per core (TEST_WORKERS=1: one process). Tests that start Ray
+# on its default ports run in a network namespace of their own; where none can be made (not root, user
+# namespaces off) they run alone after the rest.
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+NETNS := $(shell unshare --net -- ip link set lo up >/dev/null 2>&1 && echo yes)
+
+test: setup chromium peers
+ifeq ($(NETNS),yes)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+else
+	@echo "no private network namespace here: the tests marked default_ports run alone after the rest"
+	$(PY) -m pytest $(XDIST) -m "not default_ports" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 0 -m default_ports $(PYTEST_ARGS)
+endif
 
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
 test-fast: setup chromium
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# Refresh tests/durations.json, which orders the suite longest first (commit it with the tests it times).
+test-durations: setup chromium peers
+	$(PY) -m pytest $(XDIST) --write-durations tests/durations.json $(PYTEST_ARGS)
 
 clean:
 	rm -rf runs mlruns mlflow.db .pytest_cache

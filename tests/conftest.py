@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -14,9 +18,64 @@ from pathlib import Path
 import pytest
 import torch
 
-# Two cores here: keep each test process to them, and never let a test attach to a user's cluster.
+DURATIONS = Path(__file__).with_name("durations.json")
+# Under pytest-xdist each worker is one of PYTEST_XDIST_WORKER_COUNT processes sharing the cores.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# Never let a test attach to a user's cluster; torch threads = cores / test workers.
 os.environ.pop("RAY_ADDRESS", None)
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
+if WORKER is not None:
+    # Shared state per worker: Ray's sessions and sockets (short path: socket names stay < 108 chars) and
+    # mocolab's run locks. Subprocesses the tests start inherit them.
+    _own = Path(tempfile.gettempdir()) / f"mt-{WORKER}-{os.getppid()}"
+    os.environ["RAY_TMPDIR"] = str(_own / "ray")
+    os.environ["MOCOLAB_LOCKS"] = str(_own / "locks")
+    Path(os.environ["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
+
+
+def pytest_configure(config):
+    if WORKER is None and WORKERS == 1 and not (Path.home() / ".ray" / "auth_token").exists():
+        # The controller (or a serial run) writes Ray's token once, as any first ray.init() would, so parallel
+        # workers starting their Ray at the same moment do not each write a different one.
+        from ray._private.authentication.authentication_token_setup import generate_and_save_token
+
+        generate_and_save_token()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-durations", metavar="PATH", default=None,
+                     help="write each test's setup+call+teardown seconds as JSON (make test-durations)")
+
+
+@functools.cache
+def _namespace_available() -> bool:
+    """Whether this process may make a network namespace of its own (root, or user namespaces allowed)."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    try:
+        return subprocess.run(["unshare", "--net", "--", "ip", "link", "set", "lo", "up"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def in_private_network(argv: list[str]) -> list[str]:
+    """``argv`` run in a network namespace of its own with loopback up: Ray's default ports (6379, 8265,
+    52365) are free there whatever other Ray the suite or the user runs, as on a fresh machine.
+
+    Without the namespace the command runs as it is, which is right only when nothing else runs: ``make
+    test`` then runs these tests alone after the rest (``-m default_ports -n 0``); in a parallel run that
+    fails here, saying so, rather than meeting another Ray on those ports.
+    """
+    if _namespace_available():
+        return ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
+    if WORKERS > 1:
+        pytest.fail("no private network namespace here (unshare --net refused): tests marked default_ports "
+                    "must run alone: pytest -m default_ports -n 0")
+    return argv
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +141,8 @@ def start_mlflow_server(folder: Path, port: int, timeout: float = 120.0,
               str(folder / "artifacts")])
     proc = subprocess.Popen(
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", *where],
-        stdout=subprocess.DEVNULL, stderr=open(log, "a"), start_new_session=True, cwd=folder)
+        stdout=subprocess.DEVNULL, stderr=open(log, "a"), start_new_session=True, cwd=folder,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # its job runner: processes unused here
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -103,10 +163,54 @@ def stop_mlflow_server(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``default_ports`` run first: they start a Ray on its default ports (as README does),
-    which must not meet the session's Ray or any other Ray a test started."""
-    items.sort(key=lambda item: item.get_closest_marker("default_ports") is None)
+    """The longest tests first (from ``tests/durations.json``), so two workers finish together; a module
+    whose tests share a module-scoped fixture stays on one worker (``--dist loadgroup``), which builds it once.
+
+    Tests missing from the file count as the median test. Every worker sorts the same way (xdist needs it).
+    """
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    typical = sorted(known.values())[len(known) // 2] if known else 1.0
+    groups: dict[str, float] = {}
+    for item in items:
+        shared = any(d.scope in ("module", "class") for defs in item._fixtureinfo.name2fixturedefs.values()
+                     for d in defs)
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        group = item.get_closest_marker("xdist_group")
+        key = group.args[0] if group and group.args else group.kwargs.get("name") if group else item.nodeid
+        groups[key] = groups.get(key, 0.0) + known.get(item.nodeid, typical)
+        item.stash[_GROUP] = key
+    items.sort(key=lambda item: (-groups[item.stash[_GROUP]], item.stash[_GROUP], item.nodeid))
+
+
+_GROUP = pytest.StashKey[str]()
+_SPENT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--write-durations", None)
+    if path and WORKER is None and _SPENT:
+        merged = {**(json.loads(Path(path).read_text()) if Path(path).exists() else {}),
+                  **{k: round(v, 2) for k, v in _SPENT.items()}}
+        Path(path).write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skip is a failure: a real component the suite needs (PostgreSQL, Chromium, moto,
+    a network namespace, the data) is missing, and CI must say so rather than pass without it."""
+    outcome = yield
+    report = outcome.get_result()
+    if CI and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: skipping is not allowed here: {reason}"
 
 
 def kill_processes_with_env(key: str, value: str, timeout: float = 30.0) -> int:
@@ -154,10 +258,21 @@ def python_without_mocolab(folder: Path) -> Path:
     return python
 
 
+class S3Server:
+    """``server(path)``: an ``s3://`` URI under the bucket that carries the endpoint and credentials in itself;
+    ``server.env``: the same as the environment README recommends (``s3://mocolab/...`` then needs nothing)."""
+
+    def __init__(self, query: str, env: dict[str, str]):
+        self.query, self.env = query, env
+
+    def __call__(self, path: str) -> str:
+        return f"s3://testing:testing@mocolab/{path}?{self.query}"
+
+
 @pytest.fixture
 def s3_server(tmp_path, free_port):
-    """A real S3-compatible server (moto) on 127.0.0.1 with an empty bucket ``mocolab``; yields a function
-    giving an ``s3://`` URI under the bucket that carries its endpoint and credentials (any pass)."""
+    """A real S3-compatible server (moto) on 127.0.0.1 with an empty bucket ``mocolab`` (any credentials
+    pass); yields an ``S3Server``."""
     import pyarrow.fs
 
     port = free_port()
@@ -178,7 +293,8 @@ def s3_server(tmp_path, free_port):
         fs = pyarrow.fs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
                                      scheme="http", region="us-east-1", allow_bucket_creation=True)
         fs.create_dir("mocolab")
-        yield lambda path: f"s3://testing:testing@mocolab/{path}?{query}"
+        yield S3Server(query, {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                               "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_DEFAULT_REGION": "us-east-1"})
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

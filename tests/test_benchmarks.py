@@ -46,7 +46,7 @@ def test_readme_benchmark_line_runs_as_written(script):
     if "lightly-pkgs" in line and not (Path("/tmp/lightly-pkgs") / "lightly").is_dir():
         pytest.skip("lightly is not installed beside the venv (README: pip install --no-deps --target ...)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    out = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     for pattern in EXPECTED[script]:
         assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"

@@ -42,15 +42,15 @@ def test_train_help_lists_the_allowed_values_from_their_single_source():
 ])
 def test_readme_blocks_are_valid_as_written(mark, script, n_trains, n_studies):
     """README's MoCo v3 and negatives blocks: each `mocolab train` line resolves (run with --print-config, so
-    no training) to the values it sets, and each study line's flags are the script's."""
+    no training) to the values it sets, and each study line's flags are the script's (test_readme.py runs
+    them)."""
     import re
     import shlex
 
+    from readme_blocks import commands
+
     repo = Path(__file__).resolve().parents[1]
-    text = (repo / "README.md").read_text()
-    mark = f"<!-- {mark}: checked as written by tests/test_cli.py -->"
-    block = re.search(r"```bash\n(.*?)```", text[text.index(mark):], re.S).group(1)
-    lines = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    lines = commands(mark)
     trains = [line for line in lines if line.startswith(".venv/bin/mocolab train")]
     studies = [line for line in lines if f"experiments/{script}" in line]
     assert len(trains) == n_trains and len(studies) == n_studies

@@ -1,8 +1,8 @@
 """The real cluster path: `ray start --head` with token authentication on, `ray job submit` of a study,
 MLflow checked after.
 
-Two clusters: README's block run as written (default ports, a fresh home folder, sorted first in the
-session so no other Ray holds those ports), and one of this test's own ports whose head and worker
+Two clusters: README's block run as written (default ports, a fresh home folder, in a network namespace
+of its own so no other Ray holds those ports), and one of this test's own ports whose head and worker
 node run a Python that cannot import mocolab. Each is stopped through what the test started (process
 handles, or the processes carrying its own RAY_TMPDIR), never by `ray stop`, which would stop every
 Ray on the machine.
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import kill_processes_with_env, python_without_mocolab
+from conftest import in_private_network, kill_processes_with_env, python_without_mocolab
 from mocolab.data import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,23 +77,24 @@ def check_study_in_mlflow(uri: str, labels: list[str]) -> None:
 @pytest.mark.default_ports
 @needs_data
 def test_readme_cluster_block_runs_as_written(tmp_path):
-    taken = []
-    for port in (6379, 8265, 52365):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                taken.append(port)
-    assert not taken, (f"ports {taken} are in use: another Ray runs on this machine, and README's block "
-                       f"starts Ray on its default ports; stop it and run again")
+    block = in_private_network(["bash", "-e", "-c", readme_cluster_block()])
+    if block[0] != "unshare":  # run alone, on this machine's own ports
+        taken = []
+        for port in (6379, 8265, 52365):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    taken.append(port)
+        assert not taken, (f"ports {taken} are in use: another Ray runs on this machine, and README's block "
+                           f"starts Ray on its default ports; stop it and run again")
     work = repo_copy(tmp_path / "mocolab")
     home = tmp_path / "home"  # a fresh machine: no ~/.ray/auth_token yet
     home.mkdir()
     ray_tmp = tempfile.mkdtemp(prefix="rr", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
            "MOCOLAB_DATA": str(fashion_mnist_dir()), "RAY_TMPDIR": ray_tmp}  # RAY_TMPDIR: to find our processes
-    block = readme_cluster_block()
     try:
-        res = subprocess.run(["bash", "-e", "-c", block], cwd=work, env=env, capture_output=True, text=True,
-                             timeout=1200)
+        res = subprocess.run(block, cwd=work, env=env, capture_output=True, text=True,
+                             timeout=2400)
         out = res.stdout + res.stderr
         assert res.returncode == 0, out[-6000:]
     finally:
@@ -184,7 +185,7 @@ def cluster_without_mocolab(free_port, tmp_path):
 
 def _submit(cmd: list[str], env: dict, cwd: Path) -> tuple[int, str]:
     for _ in range(24):  # the job agent (and the worker node) can come up a little after the dashboard answers
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=cwd)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=cwd)
         out = res.stdout + res.stderr
         if "No available agent to submit job" not in out:
             return res.returncode, out

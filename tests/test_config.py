@@ -182,3 +182,14 @@ def test_negative_sources_read_only_their_own_fields_and_keep_old_run_names():
     assert rand.uses_queue and rand.run_name != build_config("cpu-quick").run_name
     # one rank: the layouts are one queue, so random replacement is allowed with either
     build_config("cpu-quick", {"queue.policy": "random", "queue.layout": "sharded"})
+
+
+def test_a_string_field_may_hold_the_word_none_and_other_fields_may_not_be_emptied():
+    """``augment.preset=none`` (no augmentation) is a preset's name, not an empty value: the augmentation study's
+    ``aug=none`` trial and ``--set augment.preset=none`` build; an emptied number or required field is refused."""
+    assert build_config("smoke", {"augment.preset": "none"}).augment.preset == "none"
+    assert build_config("smoke", ["augment.preset=none"]).augment.preset == "none"
+    assert build_config("smoke", ["eval.knn_test=none"]).eval.knn_test is None  # optional: none means unset
+    for bad in ({"optim.lr": "none"}, {"augment.preset": None}):
+        with pytest.raises(ValueError, match=r"may not be empty"):
+            build_config("smoke", bad)

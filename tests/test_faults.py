@@ -239,7 +239,7 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
                             text=True)
     seen = []
     try:
-        deadline = time.time() + 240
+        deadline = time.time() + 720
         for line in proc.stdout:  # wait until a trial is training (its first epoch line), then signal the driver
             seen.append(line)
             if "] epoch " in line and "loss" in line:
@@ -248,7 +248,7 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
         for s in signals:
             proc.send_signal(s)
             time.sleep(0.3)
-        rest, _ = proc.communicate(timeout=180)
+        rest, _ = proc.communicate(timeout=540)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -268,7 +268,7 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
     if len(signals) > 1:
         return  # the resume after an interruption is the same whichever signal it was: checked once, after SIGTERM
 
-    again = subprocess.run(_study_cmd(), cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(_study_cmd(), cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     runs = _runs(uri, "momentum-ablation")
     parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -280,18 +280,101 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
         assert r.data.metrics["loss"] > 0  # the metrics landed in the relative store too
 
 
+def _train_cmd(name: str) -> list[str]:
+    """`mocolab train` of a small run that checkpoints every 8 steps, its store and folder relative."""
+    return [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke",
+            "--tracking-uri", "sqlite:///m.db", "--set", f"run.name={name}", "--set", "run.experiment=faults",
+            "--set", "run.output_dir=runs", "--set", "run.checkpoint_every=8", "--set", "data.subset=2048",
+            "--set", "eval.knn_bank=1024", "--set", "eval.knn_test=500", "--set", "eval.linear_steps=20"]
+
+
+def _until(proc: subprocess.Popen, started: str, timeout: float = 900) -> str:
+    """Read ``proc``'s output until a line holding ``started`` (a trial or run is training); what was read."""
+    seen = []
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if started in line and "loss" in line:
+            return "".join(seen)
+        assert time.time() < deadline, "".join(seen[-40:])
+    pytest.fail(f"the process ended before {started!r}: {''.join(seen[-40:])}")
+
+
+def _logged_once(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    steps = [m.step for m in client.get_metric_history(run_id, key)]
+    assert len(steps) == len(set(steps)), f"{key} logged twice at some step: {sorted(steps)}"
+    return sorted(steps)
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_study_killed_with_sigkill_mid_trial_resumes_with_the_same_command(tmp_path):
+    """No handler runs on SIGKILL: the runs it leaves RUNNING and its lock are the next command's to take over."""
+    proc = subprocess.Popen(_study_cmd(), cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        _until(proc, "] epoch ")
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started in its session, as `kill -9 -PGID`
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    again = subprocess.run(_study_cmd(), cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path / 'rel.db'}"
+    client = MlflowClient(uri)
+    runs = _runs(uri, "momentum-ablation")
+    assert not [r for r in runs if r.info.status == "RUNNING"], "a run was left RUNNING"
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED", [r.info for r in parent]
+    assert sorted(r.data.tags["trial"] for r in children) == ["m=0.9 seed=0", "m=0.99 seed=0"], "one run per trial"
+    for r in children:
+        assert r.info.status == "FINISHED" and r.data.tags["mocolab.status"] == "finished"
+        assert "linear_top1" in r.data.metrics
+        assert _logged_once(client, r.info.run_id, "m") == list(range(1, 25))  # every step once, none twice
+        assert _logged_once(client, r.info.run_id, "loss")
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_mocolab_train_killed_with_sigkill_resumes_into_its_one_run(tmp_path):
+    cmd = _train_cmd("kill9")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        _until(proc, "epoch   1")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
+    assert len(runs) == 1 and runs[0].info.status == "RUNNING"  # what SIGKILL leaves: nothing could close it
+    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming at step" in again.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [r.info for r in runs]
+    steps = _logged_once(client, runs[0].info.run_id, "m")
+    assert steps == list(range(1, steps[-1] + 1))  # every step once, across the kill
+    assert _logged_once(client, runs[0].info.run_id, "loss")
+
+
 @pytest.mark.slow
 @needs_fmnist
 def test_a_sweep_resumed_with_other_settings_is_refused(tmp_path):
     first = subprocess.run(_study_cmd("--stop-after", "1"), cwd=tmp_path, env=_env(),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=1800)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]  # a budget, as asked: not an error
     assert "1 of 2 trials done (--stop-after 1); the same command runs the other 1." in first.stdout
     runs = _runs(f"sqlite:///{tmp_path / 'rel.db'}", "momentum-ablation")
     parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent[0].data.tags["mocolab.status"] == "partial"
     again = subprocess.run(_study_cmd("--set=optim.lr=0.1"), cwd=tmp_path, env=_env(),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=1800)
     assert again.returncode == 2, again.stdout[-3000:] + again.stderr[-3000:]
     assert "sweep 'sig'" in again.stderr and "sweep.set.optim.lr: (absent) -> 0.1" in again.stderr
     assert len(_runs(f"sqlite:///{tmp_path / 'rel.db'}", "momentum-ablation")) == len(runs)  # nothing new
@@ -306,7 +389,7 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
     server = start_mlflow_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
     cmd = [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke", "--tracking-uri", uri,
-           "--set", "data.subset=8192", "--set", "optim.epochs=8", "--set", "eval.knn_test=1000",
+           "--set", "data.subset=4096", "--set", "optim.epochs=8", "--set", "eval.knn_test=1000",
            "--set", "eval.linear_steps=20", "--set", "run.name=outage", "--set", "run.experiment=faults",
            "--set", f"run.output_dir={tmp_path / 'runs'}"]
     train = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -323,7 +406,7 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
             if line.startswith("epoch   3"):
                 break
         server = start_mlflow_server(tmp_path, port)  # ... and comes back before the end
-        rest, _ = train.communicate(timeout=600)
+        rest, _ = train.communicate(timeout=1800)
         seen.append(rest)
     finally:
         if train.poll() is None:
@@ -335,7 +418,7 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
     run = client.search_runs([client.get_experiment_by_name("faults").experiment_id])[0]
     assert run.info.status == "FINISHED"
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
-    assert steps == [64 * e for e in range(1, 9)], steps  # every epoch, none lost, none twice
+    assert steps == [32 * e for e in range(1, 9)], steps  # every epoch, none lost, none twice
     assert "linear_top1" in run.data.metrics
     stop_mlflow_server(server)
 
@@ -381,10 +464,7 @@ def test_mocolab_train_with_a_dead_ray_address_fails_before_any_run(tmp_path):
 @pytest.mark.slow
 @needs_fmnist
 def test_sigterm_to_mocolab_train_closes_its_run_and_the_same_command_resumes(tmp_path):
-    cmd = [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke",
-           "--tracking-uri", "sqlite:///m.db", "--set", "run.name=term", "--set", "run.experiment=faults",
-           "--set", "run.output_dir=runs", "--set", "run.checkpoint_every=8", "--set", "data.subset=2048",
-           "--set", "eval.knn_bank=1024", "--set", "eval.knn_test=500", "--set", "eval.linear_steps=20"]
+    cmd = _train_cmd("term")
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
@@ -402,7 +482,7 @@ def test_sigterm_to_mocolab_train_closes_its_run_and_the_same_command_resumes(tm
     runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
     assert len(runs) == 1 and runs[0].info.status == "KILLED", out[-3000:]
     assert runs[0].data.tags["mocolab.status"] == "interrupted"
-    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming at step" in again.stdout
     runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
@@ -413,7 +493,7 @@ def test_sigterm_to_mocolab_train_closes_its_run_and_the_same_command_resumes(tm
 @needs_fmnist
 def test_a_study_whose_trials_all_fail_says_so_exits_1_and_closes_its_parent(tmp_path):
     res = subprocess.run(_study_cmd("--set=run.fault_step=3", "--set=run.max_failures=0", "--workers-per-trial", "1"),
-                         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert "all 2 trials failed" in res.stderr, res.stderr[-3000:]
     runs = _runs(f"sqlite:///{tmp_path / 'rel.db'}", "momentum-ablation")

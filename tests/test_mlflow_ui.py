@@ -57,7 +57,7 @@ def sweep(tmp_path_factory):
     res = subprocess.run([sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
                           "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--storage", str(tmp / "sweeps"),
                           *[f"--set={k}={v}" for k, v in TINY.items()], "--momenta", ",".join(MOMENTA)],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp)
+                         capture_output=True, text=True, timeout=1800, env=env, cwd=tmp)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     print(f"sweep: {time.time() - t0:.1f} s")
     client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")

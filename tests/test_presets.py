@@ -76,7 +76,7 @@ def test_cifar10_without_the_files_and_without_a_network_is_a_clear_error(tmp_pa
            "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}  # no network: a dead proxy
     code = ("from mocolab.data import load_dataset\n"
             f"load_dataset('cifar10', 'train', {str(tmp_path / 'c10')!r})")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode != 0
     assert "cifar10 train split not found under" in res.stderr and "could not download it" in res.stderr
     assert "cifar-10-batches-py/" in res.stderr  # where to put the files

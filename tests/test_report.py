@@ -93,10 +93,10 @@ def _chromium() -> str | None:
     if found:
         return found
     if shutil.which("apt-get") and os.geteuid() == 0:
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], capture_output=True, timeout=900)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], capture_output=True, timeout=1800)
         if not shutil.which("chromium"):
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
-            subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], capture_output=True, timeout=900)
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=1800)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], capture_output=True, timeout=1800)
     return shutil.which("chromium")
 
 

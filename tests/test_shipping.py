@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import re
 import tomllib
 from pathlib import Path
@@ -68,3 +71,22 @@ def test_a_jobs_own_py_modules_are_extended(monkeypatch):
 ])
 def test_local_store_path(uri, path):
     assert local_store_path(uri) == path
+
+
+def test_a_node_with_another_torch_is_refused_naming_both_versions(tmp_path):
+    """The version-mismatch branch on a real node: a Ray whose workers see another torch's metadata first on
+    their path (as an image built with another torch would), checked by the driver that runs this torch."""
+    fake = tmp_path / "site"
+    (fake / "torch-2.0.0.dist-info").mkdir(parents=True)
+    (fake / "torch-2.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.0.0\n")
+    code = ("import ray\n"
+            "from mocolab.train import shipping\n"
+            f"ray.init(address='local', num_cpus=1, include_dashboard=False, log_to_driver=False,"
+            f" runtime_env={{'env_vars': {{'PYTHONPATH': {str(fake)!r}}}}})\n"
+            "try:\n    shipping.check_nodes(timeout_s=120)\nexcept ValueError as err:\n    print(err)\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    want = shipping.driver_versions()["torch"]
+    assert re.search(rf"node [0-9.]+ \([0-9a-f]{{8}}\): torch 2\.0\.0, but the driver runs {re.escape(want)}; "
+                     r"the versions must match", res.stdout), res.stdout[-3000:]

@@ -83,22 +83,22 @@ def test_a_study_keeps_its_state_on_s3_and_resumes_from_it(tmp_path, s3_server):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    storage = s3_server("sweeps")
+    storage = "s3://mocolab/sweeps"  # endpoint and credentials from the environment, as README recommends
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, str(repo / "experiments" / "momentum_ablation.py"), "--preset", "smoke", "--momenta",
            "0.9", "--set=data.subset=1024", "--set=eval.knn_bank=512", "--set=eval.knn_test=300",
            "--set=eval.linear_train=512", "--set=eval.linear_steps=10", "--set=optim.max_steps=8",
            "--set=queue.size=512", "--tracking-uri", uri, "--storage", storage, "--name", "s3-sweep"]
-    env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"}
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    env = {**{k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"}, **s3_server.env}
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1800, env=env)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    assert "and at s3://mocolab/sweeps/s3-sweep/report)" in out and "testing:testing" not in res.stdout
-    fs, _ = pyarrow.fs.FileSystem.from_uri(storage)
+    assert "and at s3://mocolab/sweeps/s3-sweep/report)" in out
+    fs, _ = pyarrow.fs.FileSystem.from_uri(s3_server("sweeps"))
     files = [f.path for f in fs.get_file_info(pyarrow.fs.FileSelector("mocolab/sweeps/s3-sweep", recursive=True))]
     assert any("/train/" in p and p.endswith("rank0.pt") for p in files), files  # the trial's checkpoints
     assert any("/tune/attempt-1/" in p for p in files) and "mocolab/sweeps/s3-sweep/momentum.png" in files
     assert "mocolab/sweeps/s3-sweep/report/report.html" in files
     assert not (tmp_path / "runs").exists() and not (tmp_path / "sweeps").exists()  # nothing made locally
-    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1800, env=env)
     assert again.returncode == 0 and "1 trial(s) already done, 0 to run" in again.stdout + again.stderr

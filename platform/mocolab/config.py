@@ -328,7 +328,8 @@ def _coerce(dotted: str, value: Any, typ: Any) -> Any:
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
         if optional:
             return None
-        raise ValueError(f"{dotted}: may not be empty")
+        if value is None or text != "str":  # a string field may hold the word: augment.preset=none
+            raise ValueError(f"{dotted}: may not be empty")
     try:
         if text.startswith("float"):
             if isinstance(value, bool):

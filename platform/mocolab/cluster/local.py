@@ -270,7 +270,8 @@ class LocalCluster:
     def _start_mlflow(self, timeout: float) -> None:
         s = self.state
         pg = self._postgres()
-        env = self._env(**(pg.env() if pg else {}))
+        # MLflow's job runner (its GenAI evaluation jobs: half a dozen more processes) serves nothing here
+        env = self._env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **(pg.env() if pg else {}))
         workers = "2" if s.backend == "postgres" else "1"  # sqlite takes one writer at a time
         cmd = [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(s.mlflow_port), "--workers", workers,
                "--backend-store-uri", s.store_uri, "--artifacts-destination", str(self.dir / "mlflow-artifacts")]

@@ -71,3 +71,16 @@ def check_device(device: str, gpus_per_worker: float) -> None:
     if device == "cpu" and gpus_per_worker > 0:
         raise ValueError(f"run.device: 'cpu' with run.gpus_per_worker={gpus_per_worker:g} would hold GPUs and not "
                          f"use them; set run.gpus_per_worker=0 or run.device=auto")
+
+
+# Reported with every result: the placement group a run's workers hold, so a sweep can give its CPUs back
+# when Tune stops the trial (tune/release.py).
+PG_KEY = "worker_placement_group"
+
+
+def current_placement_group() -> str:
+    """The hex id of the placement group this worker runs in ('' outside one)."""
+    from ray.util import get_current_placement_group
+
+    pg = get_current_placement_group()
+    return pg.id.hex() if pg is not None else ""

@@ -25,7 +25,7 @@ from ..tracking import MetricsLogger
 from ..tracking.system import node_labels, start_monitor, stop_monitor
 from ..storage import Location
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
-from .resources import threads_for
+from .resources import PG_KEY, current_placement_group, threads_for
 
 
 def _report(trainer: Trainer, config: dict, metrics: dict, keep: Location | None = None) -> None:
@@ -41,6 +41,8 @@ def _report(trainer: Trainer, config: dict, metrics: dict, keep: Location | None
             keep.put_dir(tmp, LOCAL_CHECKPOINT)
     with tempfile.TemporaryDirectory() as tmp:
         save_rank_state(trainer.state_dict(), config, tmp, trainer.rank, trainer.world_size)
+        if keep is None:  # Ray Train workers: their placement group, which a sweep removes if Tune stops
+            metrics = {**metrics, PG_KEY: current_placement_group()}  # the trial (tune/release.py)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 

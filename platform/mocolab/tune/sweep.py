@@ -26,6 +26,7 @@ from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_st
                         resolve_tracking_uri, source_tags)
 from ..train.resources import TRIAL_DRIVER_CPUS, threads_for
 from .progress import SweepProgress
+from .release import ReleaseEndedTrials
 from .search import build_scheduler, build_searcher, tune_space
 from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep, trial_overrides  # noqa: F401  (re-exported)
 
@@ -271,7 +272,7 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
 
     from ray import tune
 
-    callbacks = [lines]
+    callbacks = [lines, ReleaseEndedTrials(progress)]
     verbose = 1 if sweep.verbose else 0
     resources = {"CPU": TRIAL_DRIVER_CPUS}
     if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains
