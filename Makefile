@@ -10,7 +10,7 @@ MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
 FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: setup data postgres chromium peers run test test-fast test-durations train clean
+.PHONY: setup data postgres chromium peers run test test-fast test-avx2 test-durations train clean
 
 setup: $(STAMP) data postgres
 
@@ -99,6 +99,11 @@ endif
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
 test-fast: setup chromium
 	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# The suite as an AVX2-only machine runs it: torch's and oneDNN's vector code capped at AVX2 (no AVX-512,
+# no BF16), so run.precision=auto resolves to fp32 there too. About three times slower.
+test-avx2:
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(MAKE) test
 
 # Refresh tests/durations.json, which orders the suite longest first (commit it with the tests it times).
 test-durations: setup chromium peers
