@@ -190,7 +190,9 @@ _SPENT: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
-    _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + report.duration
+    base, at, group = report.nodeid.rpartition("@")  # xdist's loadgroup may append "@group" to an id
+    test = base if at and not any(c in group for c in "]/:") else report.nodeid
+    _SPENT[test] = _SPENT.get(test, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session):

@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 README_MARK = "<!-- local-cluster: run as written by tests/test_local_cluster.py -->"
 needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
+# Each cluster holds several GiB (a node per worker, four trials at once): two at a time ran this 24 GiB
+# machine out of memory, so in a parallel suite they run one after another on one worker.
+CLUSTERS = "mocolab-clusters"
 needs_postgres = pytest.mark.skipif(find_bindir() is None, reason="PostgreSQL server binaries not installed (make setup)")
 
 
@@ -88,6 +91,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path):
 @pytest.mark.default_ports
 @needs_data
 @pytest.mark.parametrize("backend", [pytest.param("postgres", marks=needs_postgres), "sqlite"])
+@pytest.mark.xdist_group(CLUSTERS)
 def test_readme_block_four_trials_log_every_metric_to_mlflow(tmp_path, free_port, backend):
     """As written (PostgreSQL where Debian's server is installed), and with ``--backend sqlite`` appended to
     ``up``: the store a machine without PostgreSQL gets."""
@@ -161,6 +165,7 @@ def test_readme_block_four_trials_log_every_metric_to_mlflow(tmp_path, free_port
 @pytest.mark.slow
 @needs_data
 @needs_postgres
+@pytest.mark.xdist_group(CLUSTERS)
 def test_spread_run_survives_node_loss_into_one_mlflow_run(tmp_path):
     home = fresh_home()
     env = client_env(home)
