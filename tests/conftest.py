@@ -37,7 +37,7 @@ if WORKER is not None:
 
 
 def pytest_configure(config):
-    if WORKER is None and WORKERS == 1 and not (Path.home() / ".ray" / "auth_token").exists():
+    if WORKER is None and not (Path.home() / ".ray" / "auth_token").exists():
         # The controller (or a serial run) writes Ray's token once, as any first ray.init() would, so parallel
         # workers starting their Ray at the same moment do not each write a different one.
         from ray._private.authentication.authentication_token_setup import generate_and_save_token

@@ -33,8 +33,8 @@ SMALL_STUDY = ["--preset", "smoke", "--set", "data.subset=1024", "--set", "optim
 # Appended to each `mocolab train` line: whatever its preset, 1,024 images, batch 64, 4 steps of one epoch.
 SMALL_TRAIN = ["--set", "data.subset=1024", "--set", "optim.batch_size=64", "--set", "queue.size=256", "--set",
                "optim.epochs=1", "--set", "optim.warmup_epochs=0", "--set", "optim.max_steps=4", "--set",
-               "eval.knn_bank=512", "--set",
-               "eval.knn_test=200", "--set", "eval.linear_train=512", "--set", "eval.linear_steps=5"]
+               "eval.knn_bank=512", "--set", "eval.knn_test=200", "--set", "eval.linear_train=512", "--set",
+               "eval.linear_steps=5"]
 
 
 def test_every_command_block_is_run_by_a_test_or_says_why_not():

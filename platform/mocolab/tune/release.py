@@ -20,6 +20,7 @@ from ray.tune import Callback
 
 from ..train.resources import PG_KEY
 
+
 def release(pg_hex: str) -> bool:
     """Remove the placement group ``pg_hex`` if Ray still holds it; whether it did."""
     import ray
