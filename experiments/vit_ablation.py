@@ -15,6 +15,7 @@ import sys
 
 import _checkout  # noqa: F401  (mocolab from this checkout, installed or not: see _checkout.py)
 
+from mocolab.exiting import exit_now
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
 
@@ -125,4 +126,4 @@ def _compare_versions(args, seeds: list[int]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

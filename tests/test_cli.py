@@ -69,3 +69,14 @@ def test_readme_blocks_are_valid_as_written(mark, script, n_trains, n_studies):
     for line in studies:
         for flag in (a for a in shlex.split(line) if a.startswith("--")):
             assert flag in usage, flag
+
+
+def test_a_command_ends_without_the_final_heap_walk_and_keeps_its_status():
+    """``exit_now`` (every entry point's last call) freezes the heap, so the exit's last collection skips
+    it, and exits with the command's status; output written before it is flushed as usual."""
+    code = ("import gc, atexit\nfrom mocolab.exiting import exit_now\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, flush=True))\n"
+            "print('ran', end='')\nexit_now(3)\n")
+    res = _run(sys.executable, "-c", code)
+    assert res.returncode == 3 and res.stdout == "ranfrozen True\n", res
+    assert _run(str(Path(sys.executable).with_name("mocolab")), "train", "--set", "optim.epochs=-1").returncode == 2

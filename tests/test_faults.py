@@ -220,11 +220,13 @@ STUDY_TINY = ["--set=data.subset=1024", "--set=eval.knn_bank=1024", "--set=eval.
               "--set=queue.size=512"]
 
 
-def _study_cmd(*extra: str) -> list[str]:
+def _study_cmd(*extra: str, workers: int = 0) -> list[str]:
+    """The momentum study on two settings, training in its trials' processes unless ``workers``: Ray Train
+    workers are the default a user gets, and the SIGKILL test keeps them."""
     # relative store and storage: they must mean the folder the command runs in, whatever Ray does
     return [sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
             "--momenta", "0.9,0.99", "--max-concurrent", "1", "--name", "sig", "--tracking-uri",
-            "sqlite:///rel.db", "--storage", "rel/sweeps", *STUDY_TINY, *extra]
+            "sqlite:///rel.db", "--storage", "rel/sweeps", "--workers-per-trial", str(workers), *STUDY_TINY, *extra]
 
 
 def _env() -> dict[str, str]:
@@ -310,8 +312,8 @@ def _logged_once(client: MlflowClient, run_id: str, key: str) -> list[int]:
 @needs_fmnist
 def test_a_study_killed_with_sigkill_mid_trial_resumes_with_the_same_command(tmp_path):
     """No handler runs on SIGKILL: the runs it leaves RUNNING and its lock are the next command's to take over."""
-    proc = subprocess.Popen(_study_cmd(), cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(_study_cmd(workers=1), cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         _until(proc, "] epoch ")
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started in its session, as `kill -9 -PGID`
@@ -320,7 +322,8 @@ def test_a_study_killed_with_sigkill_mid_trial_resumes_with_the_same_command(tmp
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
-    again = subprocess.run(_study_cmd(), cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
+    again = subprocess.run(_study_cmd(workers=1), cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                           timeout=1800)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     uri = f"sqlite:///{tmp_path / 'rel.db'}"
     client = MlflowClient(uri)
@@ -492,7 +495,7 @@ def test_sigterm_to_mocolab_train_closes_its_run_and_the_same_command_resumes(tm
 @pytest.mark.slow
 @needs_fmnist
 def test_a_study_whose_trials_all_fail_says_so_exits_1_and_closes_its_parent(tmp_path):
-    res = subprocess.run(_study_cmd("--set=run.fault_step=3", "--set=run.max_failures=0", "--workers-per-trial", "1"),
+    res = subprocess.run(_study_cmd("--set=run.fault_step=3", "--set=run.max_failures=0", workers=1),
                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert "all 2 trials failed" in res.stderr, res.stderr[-3000:]

@@ -56,7 +56,8 @@ def sweep(tmp_path_factory):
     t0 = time.time()
     res = subprocess.run([sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
                           "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--storage", str(tmp / "sweeps"),
-                          *[f"--set={k}={v}" for k, v in TINY.items()], "--momenta", ",".join(MOMENTA)],
+                          *[f"--set={k}={v}" for k, v in TINY.items()], "--momenta", ",".join(MOMENTA),
+                          "--workers-per-trial", "0"],
                          capture_output=True, text=True, timeout=1800, env=env, cwd=tmp)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     print(f"sweep: {time.time() - t0:.1f} s")

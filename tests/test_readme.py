@@ -2,7 +2,9 @@
 owns are run here, as a user types them, in a copy of the repository.
 
 Each line runs with a size override appended, the same words README gives: training lines on 1,024 images
-for 4 steps; study lines on the smoke preset, small sizes, and ``--max-concurrent 1 --stop-after 1``, so a
+for 4 steps; study lines on the smoke preset, small sizes, ``--workers-per-trial 0`` (each trial trains in its
+own process; studies on Ray Train workers are test_faults.py's and the cluster tests') and
+``--max-concurrent 1 --stop-after 1``, so a
 study builds its whole grid (and says how many trials it holds), runs one trial of it to the end, and stops
 as a resumable ``partial`` sweep. What is checked is that each command as written works, not what it learns:
 the studies' outcomes are tests/test_tune.py's.
@@ -26,10 +28,12 @@ from test_cluster import repo_copy
 
 needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
-# Appended to each study line: the smoke preset on 1,024 images, 8 steps a trial, one trial of the study.
+# Appended to each study line: the smoke preset on 1,024 images, 8 steps a trial trained in the trial's own
+# process, one trial of the study.
 SMALL_STUDY = ["--preset", "smoke", "--set", "data.subset=1024", "--set", "optim.max_steps=8", "--set",
                "eval.knn_bank=1024", "--set", "eval.knn_test=500", "--set", "eval.linear_train=1024", "--set",
-               "eval.linear_steps=20", "--set", "queue.size=256", "--max-concurrent", "1", "--stop-after", "1"]
+               "eval.linear_steps=20", "--set", "queue.size=256", "--max-concurrent", "1", "--stop-after", "1",
+               "--workers-per-trial", "0"]
 # Appended to each `mocolab train` line: whatever its preset, 1,024 images, batch 64, 4 steps of one epoch.
 SMALL_TRAIN = ["--set", "data.subset=1024", "--set", "optim.batch_size=64", "--set", "queue.size=256", "--set",
                "optim.epochs=1", "--set", "optim.warmup_epochs=0", "--set", "optim.max_steps=4", "--set",

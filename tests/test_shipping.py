@@ -73,6 +73,7 @@ def test_local_store_path(uri, path):
     assert local_store_path(uri) == path
 
 
+@pytest.mark.slow  # a Ray node of its own
 def test_a_node_with_another_torch_is_refused_naming_both_versions(tmp_path):
     """The version-mismatch branch on a real node: a Ray whose workers see another torch's metadata first on
     their path (as an image built with another torch would), checked by the driver that runs this torch."""

@@ -31,7 +31,8 @@ def _sources(name, root, size):
     return stream, memory
 
 
-@pytest.mark.parametrize("name", ["imagefolder", pytest.param("parquet", marks=pytest.mark.slow)])
+@pytest.mark.slow  # Ray Data's streaming executor
+@pytest.mark.parametrize("name", ["imagefolder", "parquet"])
 def test_streamed_batches_are_the_in_memory_batches(tmp_path, ray_session, name):
     root = _folder(tmp_path / "if")
     if name == "parquet":  # the same images shipped as parquet rows (re-encoded: compare parquet with itself)

@@ -36,3 +36,33 @@ def test_a_skip_fails_under_ci_and_stays_a_skip_elsewhere(pytester, monkeypatch,
                                      "*CI=true: skipping is not allowed here*moto_server is not installed*"])
     else:
         result.assert_outcomes(passed=1, skipped=2)
+
+
+GROUPED = '''
+import os
+
+import pytest
+
+@pytest.mark.parametrize("arm", ["a", "b", "c"])
+@pytest.mark.xdist_group("together")
+def test_grouped(arm):
+    with open(os.environ["GROUP_LOG"], "a") as log:
+        log.write(os.environ["PYTEST_XDIST_WORKER"] + " ")
+
+@pytest.mark.parametrize("n", range(4))
+def test_free(n):
+    pass
+'''
+
+
+def test_a_group_runs_on_one_worker(pytester, monkeypatch, tmp_path):
+    """Tests that must not run at once (the clusters: together they exhaust the memory) or that share a
+    module fixture are kept on one worker by ``--dist loadgroup``. A pytest that drops the group (9.2 ignores
+    the node id xdist gives a grouped test: pytest-xdist#1386) would run them at once without a word."""
+    pytester.makeconftest((Path(__file__).with_name("conftest.py")).read_text())
+    pytester.makepyfile(test_grouped=GROUPED)
+    monkeypatch.setenv("GROUP_LOG", str(tmp_path / "workers.txt"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup")
+    result.assert_outcomes(passed=7)
+    workers = (tmp_path / "workers.txt").read_text().split()
+    assert len(workers) == 3 and len(set(workers)) == 1, workers

@@ -24,6 +24,7 @@ TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.
 
 
 def _sweep(tmp_path: Path, trials: list[Trial], **kw) -> Sweep:
+    kw.setdefault("workers_per_trial", 0)  # in the trial's process: what is tested here is the sweep
     return Sweep(study="test-sweeps", name=kw.pop("name", "s1"), preset="smoke", description="test sweep",
                  base_overrides=dict(TINY), trials=trials, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
                  storage=str(tmp_path / "sweeps"), **kw)
@@ -148,7 +149,9 @@ def test_bad_input_fails_before_any_trial_and_leaves_no_parent_run(refused_studi
     assert not (tmp_path / "sweeps").exists()
 
 
-TINY_ARGS = [f"--set={k}={v}" for k, v in TINY.items() if k != "queue.size"]
+# Studies here train in their trials' processes (W = 0): what they test is the study; Ray Train workers in a
+# study are test_faults.py's SIGKILL study, test_storage.py's and the cluster tests'.
+TINY_ARGS = [f"--set={k}={v}" for k, v in TINY.items() if k != "queue.size"] + ["--workers-per-trial", "0"]
 
 
 def _study(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
@@ -311,7 +314,7 @@ def test_negatives_study_reports_ages_drift_and_accuracy_per_source(tmp_path):
             "--set=optim.batch_size=64", "--set=queue.size=256", "--set=eval.drift_probes=32"]
     res = subprocess.run([sys.executable, str(REPO / "experiments" / "negatives_ablation.py"),
                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage", str(tmp_path / "sweeps"),
-                          "--momenta", "0.5", *tiny], capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
+                          "--momenta", "0.5", "--workers-per-trial", "0", *tiny], capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client, parents, children = _parent_and_children(tmp_path, "negatives-ablation")
     assert sorted(r.data.tags["trial"] for r in children) == [
@@ -349,7 +352,7 @@ def test_vit_study_reports_accuracy_and_the_first_layer_gradient(tmp_path):
     def study(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(REPO / "experiments" / "vit_ablation.py"),
                                "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-                               "--storage", str(tmp_path / "sweeps"), *tiny, *args],
+                               "--storage", str(tmp_path / "sweeps"), "--workers-per-trial", "0", *tiny, *args],
                               capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
 
     res = study("--momenta", "0.99")

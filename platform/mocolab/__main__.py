@@ -1,7 +1,5 @@
 """``python -m mocolab``: the same command line as ``mocolab``."""
 
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()

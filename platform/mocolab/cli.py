@@ -8,6 +8,7 @@ import sys
 
 from . import __version__
 from .config import CHOICES, build_config, list_presets
+from .exiting import exit_now
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -213,5 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The ``mocolab`` command (pyproject's console script)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -21,6 +21,7 @@ from ..lock import NameLock
 from ..tracking import RunTracker, check_tracking_uri, local_store_path, redact_text, redact_uri, resolve_tracking_uri
 from .checkpoint import LOCAL_CHECKPOINT
 from .resources import check_device, check_placement
+from .session import last_metrics
 from .shipping import check_job_paths, check_nodes, code_runtime_env
 from ..storage import Location, is_uri
 
@@ -93,13 +94,15 @@ def ensure_ray(num_cpus: int | None = None, say: Callable[[str], None] = print, 
 def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | None = None,
         tags: dict[str, str] | None = None, display_name: str | None = None, log_to_mlflow: bool = True,
         progress: Callable[[str], None] = print, callbacks: list | None = None,
-        ray_train_info: bool = True) -> TrainOutcome:
+        ray_train_info: bool = True, tune_trial: bool = False, tune_metric: str | None = None) -> TrainOutcome:
     """Train one model to the end (or resume it) and return its outcome.
 
     ``callbacks`` go to Ray Train's RunConfig: a sweep passes Tune's
     ``TuneReportCallback`` so each epoch's metrics reach the scheduler.
     ``ray_train_info=False`` drops Ray Train's INFO lines in the workers (a checkpoint written, a report
     sent, each epoch): ``mocolab train`` prints them only with ``--verbose``.
+    ``tune_trial``: called in a Tune trial, whose W = 0 loop reports to Tune itself (train/session.py);
+    ``tune_metric`` is the search's metric (reports without it are not sent), None for a grid.
     """
     cfg = with_absolute_paths(validate(cfg))  # workers run in other folders
     # Ray Train's print patch sends each print of a worker both to stdout and to its logger, which
@@ -123,7 +126,9 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
         _check_resume(cfg, run_dir)
         return _fit_locked(cfg, uri, run_dir, parent_run_id=parent_run_id, tags=tags, display_name=display_name,
-                           log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks, ray_train_info=ray_train_info)
+                           log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks,
+                           ray_train_info=ray_train_info,
+                           tune_local={"metric": tune_metric} if tune_trial and workers == 0 else None)
 
 
 def _check_resume(cfg: Config, run_dir: Location) -> None:
@@ -138,7 +143,7 @@ def _check_resume(cfg: Config, run_dir: Location) -> None:
 
 def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str | None, tags: dict[str, str] | None,
                 display_name: str | None, log_to_mlflow: bool, progress: Callable[[str], None],
-                callbacks: list | None, ray_train_info: bool = True) -> TrainOutcome:
+                callbacks: list | None, ray_train_info: bool = True, tune_local: dict | None = None) -> TrainOutcome:
     name, workers = cfg.run_name, cfg.run.num_workers
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -161,14 +166,15 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
         trainer = TorchTrainer(
             _loop,
             train_loop_config={"config": cfg.to_dict(), "mlflow_run_id": run_id, "tracking_uri": uri,
-                               "run_dir": run_dir.location, "ray_train_info": ray_train_info},
+                               "run_dir": run_dir.location, "ray_train_info": ray_train_info,
+                               "tune_local": tune_local},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
                                          resources_per_worker=resources if workers else None,
                                          placement_strategy=cfg.run.placement.upper()),
             run_config=RunConfig(name=name, storage_path=cfg.run.output_dir,
                                  failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),
-                                 callbacks=callbacks or None),
+                                 callbacks=None if tune_local is not None else callbacks or None),
         )
         return trainer.fit()
 
@@ -187,10 +193,12 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
                 tracker.fail(redact_text(f"{type(err).__name__}: {err}", uri))
             raise
         except BaseException as err:  # Ctrl-C, SIGTERM: the run is closed as KILLED with the reason
+            if tune_local is not None and isinstance(err, SystemExit):
+                raise  # Tune stopping its trial (ASHA, --stop-after): the sweep closes the run, as for W >= 1
             if tracker is not None:
                 tracker.fail(f"interrupted ({type(err).__name__})", killed=True)
             raise
-    m = result.metrics or {}
+    m = (last_metrics(run_dir.location) if tune_local is not None else result.metrics) or {}
     diverged = bool(m.get("diverged", 0.0))
     status = "diverged" if diverged else "finished"
     loss = m.get("final_loss")

@@ -1,8 +1,8 @@
 """``train_loop_per_worker``: the plain training loop with Ray at its edges.
 
-Ray enters in four places only: the rank/world context, the device,
-``ray.train.get_checkpoint`` on start, and ``ray.train.report`` with a
-checkpoint at every epoch end (and every ``run.checkpoint_every`` steps).
+Ray enters in four places only, all through a ``Session`` (session.py): the
+rank, the device, the checkpoint on start, and a report with a checkpoint at
+every epoch end (and every ``run.checkpoint_every`` steps).
 Rank 0 logs to MLflow by run id; the driver owns the run's life.
 """
 
@@ -26,13 +26,12 @@ from ..tracking.system import node_labels, start_monitor, stop_monitor
 from ..storage import Location
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
 from .resources import PG_KEY, current_placement_group, threads_for
+from .session import Session, session_for
 
 
-def _report(trainer: Trainer, config: dict, metrics: dict, keep: Location | None = None) -> None:
+def _report(session: Session, trainer: Trainer, config: dict, metrics: dict, keep: Location | None = None) -> None:
     """Report metrics with a checkpoint.  Ray's local mode (W = 0) does not persist checkpoints,
     so there the state is also kept in the run's folder (``keep``) for a later run of the same name."""
-    import ray.train
-
     if keep is not None and not keep.remote:
         save_rank_state(trainer.state_dict(), config, Path(keep.root) / LOCAL_CHECKPOINT, 0, 1)
     elif keep is not None:  # a URI: written whole beside, then uploaded over the previous one
@@ -43,7 +42,7 @@ def _report(trainer: Trainer, config: dict, metrics: dict, keep: Location | None
         save_rank_state(trainer.state_dict(), config, tmp, trainer.rank, trainer.world_size)
         if keep is None:  # Ray Train workers: their placement group, which a sweep removes if Tune stops
             metrics = {**metrics, PG_KEY: current_placement_group()}  # the trial (tune/release.py)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        session.report(metrics, tmp)
 
 
 def _maybe_inject_fault(trainer: Trainer, fault_step: int, run_dir: Location, local: bool) -> None:
@@ -146,9 +145,6 @@ def open_source(cfg: Config, say=None) -> TrainSource | None:
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
-    import ray.train
-    import ray.train.torch
-
     cfg = from_dict(loop_config["config"])
     if not loop_config.get("ray_train_info", True):  # `mocolab train` without --verbose: Ray Train's INFO
         logging.getLogger("ray.train").setLevel(logging.WARNING)  # lines per report are dropped
@@ -157,13 +153,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-    if cfg.run.threads or cfg.run.num_workers > 0:  # Ray sets OMP threads, not torch's: use the CPU share
+    if cfg.run.threads or cfg.run.num_workers > 0 or loop_config.get("tune_local") is not None:
+        # Ray sets OMP threads, not torch's: use the CPU share (a W = 0 trial's is its Tune process's)
         torch.set_num_threads(cfg.run.threads or threads_for(cfg.run.cpus_per_worker))
-    device = ray.train.torch.get_device() if cfg.run.gpus_per_worker > 0 else torch.device("cpu")
+    session = session_for(loop_config)
     memory = MemoryWatch()
-    trainer = Trainer(cfg, device=device, source=open_source(cfg, say=print if ray.train.get_context()
-                                                                   .get_world_rank() == 0 else None))
-    checkpoint = ray.train.get_checkpoint()
+    trainer = Trainer(cfg, device=session.device(cfg.run.gpus_per_worker),
+                      source=open_source(cfg, say=print if session.world_rank() == 0 else None))
+    checkpoint = session.checkpoint()
     run_dir = Location(loop_config["run_dir"])  # a folder or a URI (storage.py)
     state = saved = None
     if checkpoint is not None:
@@ -197,13 +194,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
         monitor = start_monitor(loop_config["tracking_uri"], loop_config["mlflow_run_id"], cfg.run.system_metrics_s,
                                 labels[trainer.rank])
     try:
-        _train(cfg, trainer, loop_config, logger, run_dir, memory)
+        _train(cfg, trainer, loop_config, logger, run_dir, memory, session)
     finally:
         stop_monitor(monitor)
 
 
 def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogger | None, run_dir: Location,
-           memory: MemoryWatch) -> None:
+           memory: MemoryWatch, session: Session) -> None:
     """From the first step (or the restored one) to the final report."""
     every = cfg.run.checkpoint_every
     keep = run_dir if cfg.run.num_workers == 0 else None
@@ -219,7 +216,7 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
             memory.training_peak = memory.peak
         _maybe_inject_fault(tr, cfg.run.fault_step, run_dir, local=cfg.run.num_workers == 0)
         if every and tr.step % every == 0 and tr.step % tr.steps_per_epoch and tr.step < tr.total_steps:
-            _report(tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
+            _report(session, tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
 
     last_diagnostics: dict = {}
     drift: dict[int, tuple[list, list]] = {}  # epoch -> its probes' ages and drift cosines, for the run's plot
@@ -236,7 +233,7 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
                 probes = rec.diagnostics.get("probes")
                 if probes:
                     drift[rec.epoch] = (probes["age"], probes["drift_cos"])
-        _report(trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
+        _report(session, trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
 
     memory.sample()
     result = run_training(cfg, trainer=trainer, on_epoch=on_epoch, on_step=on_step,
@@ -263,4 +260,4 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
         logger.close()
         if result.probe is not None:  # a finished run: its encoder and probe as MLflow models
             log_trained_models(trainer, result, loop_config)
-    _report(trainer, loop_config["config"], final, keep)
+    _report(session, trainer, loop_config["config"], final, keep)

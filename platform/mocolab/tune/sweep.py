@@ -109,7 +109,7 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
               tags={SWEEP_TAG: sweep.name, "trial": label, **sweep.source}, display_name=label,
               callbacks=[_report_callback(sweep.metric if sweep.search != "grid" else None)],
-              progress=print)
+              tune_trial=True, tune_metric=sweep.metric if sweep.search != "grid" else None, progress=print)
     nan = float("nan")
     tune.report({"final": 1.0, "status": out.status, "label": label, "epoch": cfg.optim.epochs,
                  "linear_top1": out.linear_top1 if out.linear_top1 is not None else nan,
@@ -182,14 +182,13 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
         progress(f"--cpus-per-worker {sweep.cpus_per_worker:g}: each worker reserves {cpus:g} CPU, so that "
                  f"{conc} trial(s) and their drivers ({TRIAL_DRIVER_CPUS:g} CPU each) fit in the cluster's "
                  f"{cluster_cpus:g} CPU; it computes on {threads}")
+    check_device(build_config(sweep.preset, sweep.base_overrides).run.device, sweep.gpus_per_worker)
     if sweep.workers_per_trial > 0:
-        device = build_config(sweep.preset, sweep.base_overrides).run.device
-        check_device(device, sweep.gpus_per_worker)
         check_placement(sweep.workers_per_trial, cpus, sweep.gpus_per_worker, extra_cpus=TRIAL_DRIVER_CPUS,
                         nodes=nodes, what="each trial")
     else:
-        check_placement(1, cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker, 0.0, nodes=nodes,
-                        what="each trial (local mode)")
+        check_placement(1, cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker, sweep.gpus_per_worker,
+                        nodes=nodes, what="each trial (local mode)")
     with NameLock(sweep_dir(sweep), f"sweep '{sweep.name}'", say=progress):
         parent = open_parent(sweep)
         progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
@@ -277,6 +276,8 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
     resources = {"CPU": TRIAL_DRIVER_CPUS}
     if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains
         resources = {"CPU": cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker}
+        if sweep.gpus_per_worker:
+            resources["GPU"] = sweep.gpus_per_worker
     trainable = tune.with_resources(
         tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
         resources)

@@ -1,0 +1,97 @@
+"""Where a training loop's rank, device, checkpoint and reports come from: Ray Train's session, or Tune's.
+
+A sweep trial with W >= 1 starts Ray Train workers, and their reports reach Tune through
+``TuneReportCallback``.  With W = 0 the loop runs in the trial's own process (Ray Train's local mode),
+where Ray refuses ``ray.train.*`` ("deprecated when running in a function passed to Ray Tune"): there the
+loop is rank 0 of 1, reports go to ``ray.tune.report`` directly (filtered as the callback filters them),
+and its checkpoint is the run folder's own copy (``LOCAL_CHECKPOINT``), as for ``mocolab train`` with W = 0.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Session(Protocol):
+    def world_rank(self) -> int: ...
+
+    def device(self, gpus_per_worker: float) -> torch.device: ...
+
+    def checkpoint(self):
+        """Ray's checkpoint to resume from, or None (then the run folder's own copy, if any, is read)."""
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None: ...
+
+
+class TrainSession:
+    """A Ray Train worker, or Ray Train's local mode outside Tune."""
+
+    def world_rank(self) -> int:
+        import ray.train
+
+        return ray.train.get_context().get_world_rank()
+
+    def device(self, gpus_per_worker: float) -> torch.device:
+        import ray.train.torch
+
+        return ray.train.torch.get_device() if gpus_per_worker > 0 else torch.device("cpu")
+
+    def checkpoint(self):
+        import ray.train
+
+        return ray.train.get_checkpoint()
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
+        import ray.train
+
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint_dir)
+                         if checkpoint_dir else None)
+
+
+_LAST_METRICS: dict[str, dict] = {}  # run folder -> what its W = 0 loop in a Tune trial reported last
+
+
+class TuneLocalSession:
+    """A trial that trains in its own process: Tune's session, and only the reports a search can read.
+
+    Ray Train's local-mode result holds none of these reports, so the driver code in the same process
+    reads the last one with ``last_metrics``."""
+
+    def __init__(self, metric: str | None, key: str) -> None:
+        self.metric = metric  # a search's metric: reports without it are not sent (Optuna reads the last)
+        self.key = key
+        _LAST_METRICS[key] = {}
+
+    def world_rank(self) -> int:
+        return 0
+
+    def device(self, gpus_per_worker: float) -> torch.device:
+        return torch.device("cuda") if gpus_per_worker > 0 else torch.device("cpu")  # Tune set the visible GPU
+
+    def checkpoint(self):
+        return None  # Tune's trial restarts read the run folder's copy
+
+    def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
+        from ray import tune
+
+        _LAST_METRICS[self.key] = dict(metrics)
+        if self.metric is None or self.metric in metrics:
+            tune.report(metrics)
+
+
+def session_for(loop_config: dict) -> Session:
+    """The session a loop started by ``launch.fit`` runs in (the driver says which in ``loop_config``)."""
+    tune_local = loop_config.get("tune_local")
+    if tune_local is not None:
+        return TuneLocalSession(tune_local.get("metric"), loop_config["run_dir"])
+    return TrainSession()
+
+
+def last_metrics(run_dir: str) -> dict:
+    """The last report of the W = 0 loop of a Tune trial that ran in this process (empty if none)."""
+    return _LAST_METRICS.pop(run_dir, {})
+
+
+__all__ = ["Session", "TrainSession", "TuneLocalSession", "last_metrics", "session_for"]
