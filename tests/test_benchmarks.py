@@ -50,3 +50,41 @@ def test_readme_benchmark_line_runs_as_written(script):
     assert out.returncode == 0, out.stderr[-3000:]
     for pattern in EXPECTED[script]:
         assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"
+
+
+# README's time-to-result block, each line with a size override appended (its figures are RESULTS.md's)
+TIME_OVERRIDES = {
+    "trial_overhead.py": ("--steps 2 --warmup 1 --set data.subset=1024 --set eval.knn_bank=512 "
+                          "--set eval.linear_train=512 --set eval.linear_steps=5", [r"not training: [\d.]+%"]),
+    "eval_precision.py": ("--seeds 1 --steps 0 --set eval.linear_train=1024 --set eval.linear_steps=5",
+                          [r"over 1 encoders: at most \d+ kNN and \d+ linear-probe test images"]),
+    "sweep_overhead.py": ("--trials 1 --set data.subset=512 --set optim.max_steps=2 --set eval.knn_bank=512 "
+                          "--set eval.knn_test=200 --set eval.linear_train=512 --set eval.linear_steps=5",
+                          [r"loop of mocolab train\s+[\d.]+", r"study, --workers-per-trial 0\s+[\d.]+\s+[\d.]+\s+[\d.]+x"]),
+    "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024",
+                           [r"torchrun \+ DDP\s+[\d.]+\s+[\d.]+", r"Ray Train\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%"]),
+}
+
+
+def _time_lines() -> list[str]:
+    from readme_blocks import commands
+
+    return commands("time-benchmarks")
+
+
+def test_readme_time_block_names_each_time_benchmark_once():
+    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in _time_lines()]
+    assert sorted(scripts) == sorted(TIME_OVERRIDES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(TIME_OVERRIDES))
+def test_readme_time_benchmark_runs_with_a_size_override(script):
+    line = next(line for line in _time_lines() if f"benchmarks/{script}" in line)
+    extra, patterns = TIME_OVERRIDES[script]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST") and k != "RAY_ADDRESS"}
+    out = subprocess.run(["bash", "-c", f"{line} {extra}"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for pattern in patterns:
+        assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"

@@ -451,7 +451,8 @@ class Trainer:
                 self._patch_grad.attach()
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        return extract_features(self.encoder.backbone, images, self.device)
+        """Evaluation features at the run's precision (bf16 encoders: bf16 autocast, as in training)."""
+        return extract_features(self.encoder.backbone, images, self.device, dtype=self.precision)
 
     def split_features(self, split: str, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of a split's evaluation images, batch by batch: only features are kept."""
