@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import __version__
+from .addresses import check_addresses
 from .config import CHOICES, build_config, list_presets
 from .exiting import exit_now
 
@@ -18,6 +19,8 @@ def _train(args: argparse.Namespace) -> int:
         for key, value in cfg.flatten().items():
             print(f"{key} = {value}")
         return 0
+    if not args.in_process:
+        check_addresses(args.tracking_uri)  # before the seconds of importing torch, Ray and MLflow
     if args.in_process:
         from .loop import run_training  # imported late: torch start-up is not needed for --help
 

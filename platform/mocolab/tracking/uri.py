@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..addresses import check_tracking_url
+
 _CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:?#]*):(?P<secret>[^/@?#]*)@")
 
 
@@ -81,6 +83,7 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Fail before any work when a tracking server does not answer (a clear error, not a hang)."""
     shown = redact_uri(uri)
+    check_tracking_url(uri)
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from ..addresses import check_ray_address
 from ..interrupts import reassert
 from ..config import Config, check_same_config, fingerprint, validate, with_absolute_paths
 from ..lock import NameLock
@@ -46,17 +47,12 @@ class TrainOutcome:
 def check_cluster() -> None:
     """A RAY_ADDRESS that does not answer is an error before any MLflow run is made (not a long hang)."""
     address = os.environ.get("RAY_ADDRESS")
-    if not address or address == "auto":
+    parsed = check_ray_address(address)
+    if parsed is None:
         return
     import socket
-    from urllib.parse import urlparse
 
-    if "://" in address:
-        u = urlparse(address)
-        host, port = u.hostname, u.port or (8265 if u.scheme.startswith("http") else 10001)
-    else:
-        host, _, port_text = address.rpartition(":")
-        port = int(port_text) if port_text.isdigit() else 6379
+    host, port = parsed
     try:
         socket.create_connection((host, port), timeout=5).close()
     except OSError as err:

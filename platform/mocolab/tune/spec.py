@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..addresses import check_addresses
 from ..config import build_config, check_name
 from ..storage import Location
 from .search import check_search
@@ -82,6 +83,7 @@ def check_sweep(sweep: Sweep) -> None:
     """Every flag in range and every trial's config built and validated: all a sweep can be refused for
     without asking a server, so a study refuses it before Ray, MLflow or torch is loaded."""
     check_name("--name", sweep.name)
+    check_addresses(sweep.tracking_uri)
     if sweep.cpus_per_worker is not None and not sweep.cpus_per_worker > 0:
         raise ValueError(f"--cpus-per-worker: {sweep.cpus_per_worker} must be > 0")
     check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
