@@ -52,6 +52,8 @@ def test_closed_forms():
     ({"run.name": "a/b"}, "run.name", "folder"),
     ({"data.name": "mnist2"}, "data.name", "fashion-mnist"),
     ({"model.backbone": "vit"}, "model.backbone", "resnet18"),
+    ({"data.name": "synthetic", "data.image_size": 4}, "data.image_size", "below the 8 px model.backbone 'convnet'"),
+    ({"data.name": "synthetic", "data.image_size": 7}, "data.image_size", "allowed >= 8"),
     ({"augment.preset": "simclr"}, "augment.preset", "mocov2"),
     ({"moco.bn": "group"}, "moco.bn", "shuffle"),
     ({"moco.bn_groups": 3}, "moco.bn_groups", "divide the per-rank batch 256"),

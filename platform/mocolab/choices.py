@@ -35,6 +35,10 @@ VIT_SIZES: dict[str, tuple[int, int, int]] = {"vit_tiny": (192, 12, 3), "vit_sma
 # models.py: backbones and projection heads.  MoCo v1: linear; v2: mlp; v3: mlp-bn (ResNet: 2 layers) and
 # mlp3-bn (ViT: 3 layers), batch-norm after each layer and a non-affine one at the end, no biases
 BACKBONES = ("convnet", "resnet18", "resnet50", *VIT_SIZES)
+# The smallest image side each backbone's forward pass accepts (the convnet's three 2x2 max-pools need
+# 8 px; the ResNets end in an adaptive pool, and a ViT's patches divide the image, which vit.patch_size
+# checks).
+MIN_IMAGE_SIZE: dict[str, int] = {"convnet": 8}
 HEADS = ("linear", "mlp", "mlp-bn", "mlp3-bn")
 
 # moco.py: moco.version: v1 and v2 share the queue algorithm (their recipes differ), v3 has none

@@ -25,7 +25,7 @@ import yaml
 # config (and with it --help and every refusal of bad input) loads no torch.
 from .choices import (AUGMENT_PRESETS, BACKBONES, BN_MODES, DATASETS, DEVICES, HEADS, LOADERS, LR_SCHEDULES,
                       M_SCHEDULES, NEGATIVE_SOURCES, OPTIMIZERS, PRECISIONS, QUEUE_LAYOUTS, QUEUE_POLICIES,
-                      STREAMABLE, TRAIN_SIZES, VERSIONS, VIT_SIZES, native_image_size)
+                      MIN_IMAGE_SIZE, STREAMABLE, TRAIN_SIZES, VERSIONS, VIT_SIZES, native_image_size)
 from .storage import is_uri
 
 PRESET_DIR = Path(__file__).with_name("presets")
@@ -431,6 +431,10 @@ def validate(cfg: Config) -> Config:
         val = getattr(d, key)
         if val is not None:
             _range(f"data.{key}", val, 1)
+    smallest = MIN_IMAGE_SIZE.get(cfg.model.backbone, 1)
+    if d.image_size is not None and d.image_size < smallest:
+        raise ValueError(f"data.image_size: {d.image_size} is below the {smallest} px model.backbone "
+                         f"{cfg.model.backbone!r} accepts; allowed >= {smallest} (or another backbone)")
     _range("data.synthetic_size", d.synthetic_size, 2)
     _range("data.memory_budget_mb", d.memory_budget_mb, 1)
     _range("data.stream_tasks", d.stream_tasks, 1, 64)
