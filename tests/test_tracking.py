@@ -23,10 +23,10 @@ def mlflow_server(tmp_path, free_port):
 @pytest.mark.slow
 @pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
-    cfg = build_config("smoke", {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500,
-                                 "eval.linear_train": 1024, "eval.linear_steps": 20, "optim.max_steps": 10,
-                                 "queue.size": 512, "run.output_dir": str(tmp_path / "runs"),
-                                 "run.name": "over-http", "run.experiment": "server-test"})
+    tiny = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024,
+            "eval.linear_steps": 20, "optim.max_steps": 10, "queue.size": 512, "run.output_dir": str(tmp_path / "runs"),
+            "run.experiment": "server-test"}
+    cfg = build_config("smoke", {**tiny, "run.name": "over-http"})
     out = fit(cfg, tracking_uri=mlflow_server, progress=lambda _m: None)  # W = 0: Ray Train local mode
     client = MlflowClient(mlflow_server)
     run = client.get_run(out.mlflow_run_id)
@@ -38,6 +38,17 @@ def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
     # the encoder went through the server too (MLflow's artifact proxy): export and register it from there
     from mocolab.cli import main
 
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # what `mocolab train` prints after a run on a server: the server's own UI, not `mlflow ui`
+    cli = subprocess.run([str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke",
+                          "--tracking-uri", mlflow_server, "--set=run.name=over-http-cli",
+                          *[f"--set={k}={v}" for k, v in tiny.items()]],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert cli.returncode == 0 and "mlflow ui" not in cli.stdout, cli.stdout[-2000:] + cli.stderr[-2000:]
+    assert f"open the run in the MLflow server's UI: {mlflow_server.rstrip('/')}/#/experiments/" in cli.stdout
     assert main(["export", out.mlflow_run_id, "--out", str(tmp_path / "export"), "--register", "over-http-enc",
                  "--tracking-uri", mlflow_server]) == 0
     assert {p.name for p in (tmp_path / "export").iterdir()} == {"README.md", "backbone.pt", "encoder.pt2",
@@ -76,3 +87,12 @@ def test_credentials_in_a_uri_are_never_shown():
 def test_unwritable_sqlite_folder_is_an_error():
     with pytest.raises(ValueError, match="not writable"):
         check_tracking_uri("sqlite:////nonexistent-folder/mlflow.db")
+
+
+def test_the_ui_advice_names_the_server_itself_for_a_server_and_mlflow_ui_for_a_local_store(tmp_path):
+    from mocolab.tracking import ui_advice
+
+    assert ui_advice("http://user:secret@10.0.0.5:5000/") == (None, "http://10.0.0.5:5000")  # no password
+    assert ui_advice("https://mlflow.example/prefix") == (None, "https://mlflow.example/prefix")
+    assert ui_advice(f"sqlite:///{tmp_path}/mlflow.db") == (
+        f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db", "http://127.0.0.1:5000")

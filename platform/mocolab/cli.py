@@ -30,7 +30,7 @@ def _train(args: argparse.Namespace) -> int:
         if not args.verbose:  # before Ray is imported: its driver reads this once
             os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_RAY_LINES)
         from .interrupts import closing_on_signals, exit_code
-        from .tracking import redact_uri, resolve_tracking_uri
+        from .tracking import resolve_tracking_uri
         from .train import fit
 
         with closing_on_signals():
@@ -44,11 +44,13 @@ def _train(args: argparse.Namespace) -> int:
         print(f"run '{out.run_name}' {out.status}: linear top-1 {_pct(out.linear_top1)}, kNN top-1 "
               f"{_pct(out.knn_top1)}; MLflow run {out.mlflow_run_id}")
         if out.mlflow_run_id:
-            from .tracking import Store, run_link
+            from .tracking import Store, run_link, ui_advice
 
             exp_id = Store(args.tracking_uri).client.get_run(out.mlflow_run_id).info.experiment_id
-            print(f"open the MLflow UI with: mlflow ui --backend-store-uri "
-                  f"{redact_uri(resolve_tracking_uri(args.tracking_uri))}, then {run_link(exp_id, out.mlflow_run_id)}")
+            command, base = ui_advice(resolve_tracking_uri(args.tracking_uri))
+            link = run_link(exp_id, out.mlflow_run_id, base)
+            print(f"open the MLflow UI with: {command}, then {link}" if command
+                  else f"open the run in the MLflow server's UI: {link}")
     if diverged:
         print(f"training diverged after {steps} steps (final loss {loss})", file=sys.stderr)
         return 2

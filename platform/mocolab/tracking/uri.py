@@ -121,6 +121,27 @@ def ui_links(experiment_id: str, run_ids: list[str] | None = None, base: str = U
     return links
 
 
+def ui_server(uri: str) -> str | None:
+    """The address of a tracking server's own UI (an ``http(s)://`` store: the server serves it), without
+    credentials; None for a local store, which ``mlflow ui --backend-store-uri`` opens."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    from urllib.parse import urlsplit
+
+    u = urlsplit(uri)
+    netloc = u.netloc.rpartition("@")[2]
+    return f"{u.scheme}://{netloc}{u.path.rstrip('/')}"
+
+
+def ui_advice(uri: str) -> tuple[str | None, str]:
+    """(the ``mlflow ui`` command that serves a local store, or None for a server, which serves its own UI;
+    the base address the UI's links start with)."""
+    server = ui_server(uri)
+    if server is not None:
+        return None, server
+    return f"mlflow ui --backend-store-uri {redact_uri(uri)}", UI_URL
+
+
 def run_link(experiment_id: str, run_id: str, base: str = UI_URL) -> str:
     """A run's page, in the UI's model-training mode (else a new browser shows it among GenAI pages)."""
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"

@@ -140,7 +140,7 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
 
 def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
     from ..report import build_report
-    from ..tracking import redact_uri, ui_links
+    from ..tracking import ui_advice, ui_links
     from .sweep import publish_report, sweep_dir
 
     trials = parent.trials()
@@ -177,8 +177,9 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
         print(f"\n{what}: {detail}\nRun the same command again to retry them.", file=sys.stderr)
         parent.set_status("failed", mlflow_status="FAILED", reason=f"{what}: {detail}")
     print(f"\nMLflow: experiment '{sweep.study}', parent run {parent.run_id} with {len(trials)} child runs.")
-    links = ui_links(parent.experiment_id, list(trials["run_id"]))
-    print(f"Open the UI: mlflow ui --backend-store-uri {redact_uri(parent.uri)}, then")
+    command, base = ui_advice(parent.uri)
+    links = ui_links(parent.experiment_id, list(trials["run_id"]), base)
+    print(f"Open the UI: {command}, then" if command else "Open the UI: the MLflow server's own, at")
     print(f"  runs:    {links['runs']}")
     print(f"  compare: {links['compare']}")
     print("           (Scatter Plot: X-axis moco.m or what the study varies, Y-axis linear_top1)")
