@@ -54,14 +54,15 @@ def test_readme_benchmark_line_runs_as_written(script):
 
 # README's time-to-result block, each line with a size override appended (its figures are RESULTS.md's)
 TIME_OVERRIDES = {
-    "trial_overhead.py": ("--steps 2 --warmup 1 --set data.subset=1024 --set eval.knn_bank=512 "
+    "trial_overhead.py": ("--steps 2 --warmup 1 --set data.subset=1024 --set queue.size=256 --set eval.knn_bank=512 "
                           "--set eval.linear_train=512 --set eval.linear_steps=5", [r"not training: [\d.]+%"]),
     "eval_precision.py": ("--seeds 1 --steps 0 --set eval.linear_train=1024 --set eval.linear_steps=5",
                           [r"over 1 encoders: at most \d+ kNN and \d+ linear-probe test images"]),
-    "sweep_overhead.py": ("--trials 1 --set data.subset=512 --set optim.max_steps=2 --set eval.knn_bank=512 "
+    "sweep_overhead.py": ("--trials 1 --set data.subset=512 --set queue.size=256 --set optim.max_steps=2 "
+                          "--set eval.knn_bank=512 "
                           "--set eval.knn_test=200 --set eval.linear_train=512 --set eval.linear_steps=5",
                           [r"loop of mocolab train\s+[\d.]+", r"study, --workers-per-trial 0\s+[\d.]+\s+[\d.]+\s+[\d.]+x"]),
-    "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024",
+    "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024 --set queue.size=256",
                            [r"torchrun \+ DDP\s+[\d.]+\s+[\d.]+", r"Ray Train\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%"]),
 }
 
