@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from readme_blocks import commands
 
 REPO = Path(__file__).resolve().parents[1]
 README_MARK = "<!-- speed-benchmarks: run as written by tests/test_benchmarks.py -->"
@@ -28,10 +29,17 @@ EXPECTED = {
 
 
 def _lines() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    assert README_MARK in text, "README lost its speed-benchmarks block"
-    block = re.search(r"```bash\n(.*?)```", text[text.index(README_MARK):], re.S).group(1)
-    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+    assert README_MARK in (REPO / "README.md").read_text(), "README lost its speed-benchmarks block"
+    return commands("speed-benchmarks")
+
+
+def _run_and_check(script: str, command: str, patterns: list[str]) -> None:
+    """A README benchmark line in bash from the repository root: it exits 0 and prints its figures."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST") and k != "RAY_ADDRESS"}
+    out = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for pattern in patterns:
+        assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"
 
 
 def test_readme_block_names_every_benchmark_once():
@@ -45,11 +53,7 @@ def test_readme_benchmark_line_runs_as_written(script):
     line = next(line for line in _lines() if f"benchmarks/{script}" in line)
     if "lightly-pkgs" in line and not (Path("/tmp/lightly-pkgs") / "lightly").is_dir():
         pytest.skip("lightly is not installed beside the venv (README: pip install --no-deps --target ...)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    out = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    for pattern in EXPECTED[script]:
-        assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"
+    _run_and_check(script, line, EXPECTED[script])
 
 
 # README's time-to-result block, each line with a size override appended (its figures are RESULTS.md's)
@@ -67,25 +71,14 @@ TIME_OVERRIDES = {
 }
 
 
-def _time_lines() -> list[str]:
-    from readme_blocks import commands
-
-    return commands("time-benchmarks")
-
-
 def test_readme_time_block_names_each_time_benchmark_once():
-    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in _time_lines()]
+    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in commands("time-benchmarks")]
     assert sorted(scripts) == sorted(TIME_OVERRIDES)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(TIME_OVERRIDES))
 def test_readme_time_benchmark_runs_with_a_size_override(script):
-    line = next(line for line in _time_lines() if f"benchmarks/{script}" in line)
+    line = next(line for line in commands("time-benchmarks") if f"benchmarks/{script}" in line)
     extra, patterns = TIME_OVERRIDES[script]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST") and k != "RAY_ADDRESS"}
-    out = subprocess.run(["bash", "-c", f"{line} {extra}"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=1800)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    for pattern in patterns:
-        assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"
+    _run_and_check(script, f"{line} {extra}", patterns)
