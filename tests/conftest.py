@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 
 DURATIONS = Path(__file__).with_name("durations.json")
 # Under pytest-xdist each worker is one of PYTEST_XDIST_WORKER_COUNT processes sharing the cores.
@@ -24,9 +23,32 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-# Never let a test attach to a user's cluster; torch threads = cores / test workers.
+
+def _thread_share() -> int | None:
+    """This test worker's share of the cores, as a torch thread count for every process its tests start
+    (studies, Ray and its workers inherit the environment; mocolab caps its threads by it).  Without it each
+    worker's processes would size their OpenMP pools for every core, and threads that outnumber the cores
+    spin against each other (benchmarks/oversubscription.py: 0.43x the work done, against 1.30x)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if WORKER is None or WORKERS < 2:
+        return None
+    return max(1, cores // WORKERS)
+
+
+if (_share := _thread_share()) is not None:  # before torch starts its thread pool
+    os.environ["MOCOLAB_MAX_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(_share)
+
+import torch  # noqa: E402
+
+
+def thread_share_env() -> dict[str, str]:
+    """The thread cap of this test worker, for tests that start a command in an otherwise fresh environment
+    (a README line as a user types it): it is the suite's share of the machine, not a user's setting."""
+    return {k: os.environ[k] for k in ("MOCOLAB_MAX_THREADS", "OMP_NUM_THREADS") if k in os.environ}
+
+# Never let a test attach to a user's cluster; torch threads = this worker's share of the cores.
 os.environ.pop("RAY_ADDRESS", None)
-torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
+torch.set_num_threads(_share or (os.cpu_count() or 1))
 if WORKER is not None:
     # Shared state per worker: Ray's sessions and sockets (short path: socket names stay < 108 chars) and
     # mocolab's run locks. Subprocesses the tests start inherit them.

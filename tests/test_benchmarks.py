@@ -66,6 +66,8 @@ TIME_OVERRIDES = {
                           "--set eval.knn_bank=512 "
                           "--set eval.knn_test=200 --set eval.linear_train=512 --set eval.linear_steps=5",
                           [r"loop of mocolab train\s+[\d.]+", r"study, --workers-per-trial 0\s+[\d.]+\s+[\d.]+\s+[\d.]+x"]),
+    "oversubscription.py": ("--steps 4 --repeats 1", [r"2 at once, default threads\s+[\d.]+ s\s+[\d.]+x",
+                                                      r"each pinned to its cores\s+[\d.]+ s"]),
     "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024 --set queue.size=256",
                            [r"torchrun \+ DDP\s+[\d.]+\s+[\d.]+", r"Ray Train\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%"]),
 }

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import in_private_network, kill_processes_with_env, python_without_mocolab
+from conftest import in_private_network, kill_processes_with_env, python_without_mocolab, thread_share_env
 from mocolab.data import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,8 @@ def test_readme_cluster_block_runs_as_written(tmp_path):
     home.mkdir()
     ray_tmp = tempfile.mkdtemp(prefix="rr", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-           "MOCOLAB_DATA": str(fashion_mnist_dir()), "RAY_TMPDIR": ray_tmp}  # RAY_TMPDIR: to find our processes
+           "MOCOLAB_DATA": str(fashion_mnist_dir()), "RAY_TMPDIR": ray_tmp,  # RAY_TMPDIR: to find our processes
+           **thread_share_env()}
     try:
         res = subprocess.run(block, cwd=work, env=env, capture_output=True, text=True,
                              timeout=2400)
@@ -137,7 +138,7 @@ def cluster_without_mocolab(free_port, tmp_path):
     home = Path(temp) / "home"
     home.mkdir()
     env = {"HOME": str(home), "PATH": f"{BIN}:/usr/bin:/bin", "LANG": "C.UTF-8", "RAY_AUTH_MODE": "token",
-           "MOCOLAB_DATA": str(fashion_mnist_dir())}
+           "MOCOLAB_DATA": str(fashion_mnist_dir()), **thread_share_env()}
     subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     node_env = {**env, "PATH": f"{python.parent}:/usr/bin:/bin"}  # the nodes' python, not this one
     gcs, dash, client = free_port(), free_port(), free_port()

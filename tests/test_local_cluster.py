@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import in_private_network, kill_processes_with_env
+from conftest import in_private_network, kill_processes_with_env, thread_share_env
 from mocolab.cluster import LocalCluster
 from mocolab.cluster.local import MARKER, pids_with_env
 from mocolab.cluster.postgres import Postgres, data_folder, find_bindir
@@ -53,7 +53,7 @@ def fresh_home() -> Path:
 
 def client_env(home: Path) -> dict[str, str]:
     return {"HOME": str(home), "PATH": f"{BIN}:/usr/bin:/bin", "LANG": "C.UTF-8",
-            "MOCOLAB_DATA": str(fashion_mnist_dir())}
+            "MOCOLAB_DATA": str(fashion_mnist_dir()), **thread_share_env()}
 
 
 def metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:

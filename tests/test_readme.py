@@ -23,6 +23,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mocolab.data import fashion_mnist_dir
+from conftest import thread_share_env
 from readme_blocks import COMMAND_LANGUAGES, MARK, REPO, block, blocks, commands
 from test_cluster import repo_copy
 
@@ -74,7 +75,8 @@ def test_the_walker_sees_a_block_without_a_mark(tmp_path):
 def _run(lines: list[str], work: Path, extra: list[str], timeout: float = 900) -> list[subprocess.CompletedProcess]:
     env = {"HOME": os.environ.get("HOME", str(work)), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
            "LANG": "C.UTF-8", "MOCOLAB_DATA": str(fashion_mnist_dir()),
-           **{k: v for k, v in os.environ.items() if k.startswith(("RAY_TMPDIR", "MOCOLAB_LOCKS"))}}
+           **{k: v for k, v in os.environ.items() if k.startswith(("RAY_TMPDIR", "MOCOLAB_LOCKS"))},
+           **thread_share_env()}
     out = []
     for line in lines:
         argv = shlex.split(line)

@@ -72,3 +72,35 @@ def keep_freed_memory() -> bool:
     _ALLOCATOR_TUNED = all(mallopt(param, value) == 1 for param, value in (
         (_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20)))
     return _ALLOCATOR_TUNED
+
+
+def cpu_description() -> str:
+    """The CPU as a time or accuracy figure must name it: model, cores this process may use, and the vector
+    extensions torch's kernels pick from (AVX-512 BF16 machines train about 3x faster than AVX2-only ones)."""
+    import os
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("", platform.machine()):
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    isa = [name for name, flag in (("AVX-512 BF16", "avx512_bf16"), ("AVX-512", "avx512f"), ("AVX2", "avx2"))
+           if flag in flags]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} cores" + (f", {isa[0]}" if isa else "")
+
+
+def provenance(device: torch.device, precision: torch.dtype | None) -> dict[str, str]:
+    """What a result depends on beyond its config: torch, the device and the precision ``auto`` resolved to.
+    Logged as run tags (``mocolab.*``) so that pooled results from other machines are told apart."""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()
+    return {"mocolab.torch": torch.__version__, "mocolab.device": where,
+            "mocolab.precision": "bf16" if precision == torch.bfloat16 else "fp32"}

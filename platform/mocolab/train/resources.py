@@ -9,6 +9,7 @@ more CPUs per worker than any node has, more workers than the nodes hold.
 from __future__ import annotations
 
 import math
+import os
 
 # What a sweep's trial reserves for its own function beside its workers: it only waits on its Train run.
 TRIAL_DRIVER_CPUS = 0.05
@@ -19,6 +20,24 @@ def threads_for(cpus_per_worker: float) -> int:
     counted back.  A worker that reserves 1.95 CPU so that its trial's driver fits beside it on two cores
     computes on 2 threads, not 1; 0.95 and 0.5 compute on 1."""
     return max(1, math.floor(cpus_per_worker + TRIAL_DRIVER_CPUS + 1e-9))
+
+
+MAX_THREADS_ENV = "MOCOLAB_MAX_THREADS"
+
+
+def usable_cores() -> int:
+    """The cores this process's torch threads may use: its CPU affinity (taskset, a cpuset), capped by
+    $MOCOLAB_MAX_THREADS where set (several jobs sharing a machine, a parallel test suite).  OpenMP threads
+    that outnumber the cores spin against each other: two 2-thread trainings on two cores each run 4.7x
+    slower than one alone, two 1-thread ones 1.5x (benchmarks/oversubscription.py)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    cap = os.environ.get(MAX_THREADS_ENV, "")
+    if cap.isdigit() and int(cap) > 0:
+        cores = min(cores, int(cap))
+    return max(1, cores)
 
 
 def node_capacities() -> list[dict[str, float]]:

@@ -19,13 +19,14 @@ import torch
 from .. import dist as mdist
 from ..config import Config, check_same_config, from_dict
 from ..data import DEFAULT_IMAGEFOLDER_SIZE
+from ..hardware import provenance
 from ..sources import TrainSource, choose_loader
 from ..loop import EpochRecord, Trainer, run_training
 from ..tracking import MetricsLogger
 from ..tracking.system import node_labels, start_monitor, stop_monitor
 from ..storage import Location
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
-from .resources import PG_KEY, current_placement_group, threads_for
+from .resources import PG_KEY, current_placement_group, threads_for, usable_cores
 from .session import Session, session_for
 
 
@@ -154,8 +155,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     if cfg.run.threads or cfg.run.num_workers > 0 or loop_config.get("tune_local") is not None:
-        # Ray sets OMP threads, not torch's: use the CPU share (a W = 0 trial's is its Tune process's)
-        torch.set_num_threads(cfg.run.threads or threads_for(cfg.run.cpus_per_worker))
+        # Ray sets OMP threads, not torch's: use the CPU share (a W = 0 trial's is its Tune process's),
+        # never more threads than the cores this process may run on
+        torch.set_num_threads(cfg.run.threads or min(threads_for(cfg.run.cpus_per_worker), usable_cores()))
     session = session_for(loop_config)
     memory = MemoryWatch()
     trainer = Trainer(cfg, device=session.device(cfg.run.gpus_per_worker),
@@ -182,6 +184,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         logger = MetricsLogger(loop_config["tracking_uri"], loop_config["mlflow_run_id"])
     if logger is not None:  # which data, by content digest: the UI's Dataset column, the report's data column
         logger.log_datasets(trainer.data.records())
+        for key, value in provenance(trainer.device, trainer.precision).items():  # torch, device, precision
+            logger.set_tag(key, value)
     nodes = worker_nodes()
     if trainer.is_main:
         print(f"workers on Ray nodes (rank order): {','.join(nodes)}"
