@@ -10,7 +10,7 @@ MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
 FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: setup data postgres chromium peers run test test-fast test-avx2 test-durations train clean
+.PHONY: setup data postgres chromium peers run repro test test-fast test-avx2 test-durations train clean
 
 setup: $(STAMP) data postgres
 
@@ -79,6 +79,12 @@ peers: $(STAMP)
 RUN_ARGS ?=
 run: setup
 	$(PY) experiments/momentum_ablation.py --preset cpu-quick --momenta 0,0.9,0.99,0.999 $(RUN_ARGS)
+
+# The reproduction (docs/REPRODUCTION.md): runs or resumes every study of mocolab/repro/plan.py (hours on two
+# cores; stop it any time, the same command continues), exports results/*.csv and regenerates the document.
+REPRO_ARGS ?=
+repro: setup
+	$(VENV)/bin/mocolab repro $(REPRO_ARGS)
 
 # The suite runs on one pytest-xdist worker per core (TEST_WORKERS=1: one process). Tests that start Ray
 # on its default ports run in a network namespace of their own; where none can be made (not root, user

@@ -25,7 +25,8 @@ def main() -> int:
     except ValueError as err:
         print(f"error: --momenta/--seeds: {err}", file=sys.stderr)
         return 2
-    trials = [Trial(f"m={m:g} seed={s}", {"moco.m": m, "run.seed": s}) for m in momenta for s in seeds]
+    # seed by seed: a sweep stopped part way (--stop-after, Ctrl-C) holds whole seeds, every arm paired
+    trials = [Trial(f"m={m:g} seed={s}", {"moco.m": m, "run.seed": s}) for s in seeds for m in momenta]
     sweep = make_sweep(args, "momentum-ablation", f"MoCo momentum ablation: m in {momenta}, seeds {seeds}, "
                        f"preset {args.preset}", trials)
 

@@ -74,3 +74,19 @@ def test_a_bad_ray_address_is_named_not_tried_on_the_default_port(tmp_path):
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.strip() == f"mocolab: error: RAY_ADDRESS: {address}: {message}"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_storage_endpoint_with_a_bad_port_is_refused_before_any_work(tmp_path):
+    """pyarrow would take port 99999 as 34463 and connect there; the URI's query and the environment are read."""
+    mocolab = str(Path(sys.executable).with_name("mocolab"))
+    uri = "s3://bucket/runs?endpoint_override=127.0.0.1:99999&scheme=http"
+    res = subprocess.run([mocolab, "train", "--preset", "smoke", "--storage", uri], cwd=tmp_path, env=_clean_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.strip().endswith("endpoint_override=127.0.0.1:99999: the port '99999' is not a number in 1..65535")
+    res = subprocess.run([mocolab, "train", "--preset", "smoke", "--storage", "s3://bucket/runs"], cwd=tmp_path,
+                         env={**_clean_env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:7x"}, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "AWS_ENDPOINT_URL: http://127.0.0.1:7x: the port '7x' is not a number in 1..65535" in res.stderr
+    assert list(tmp_path.iterdir()) == []

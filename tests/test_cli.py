@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_concurrently
 
-from mocolab.config import CHOICES
+from mocolab.config import CHOICES, list_presets
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
@@ -80,3 +80,13 @@ def test_a_command_ends_without_the_final_heap_walk_and_keeps_its_status():
     res = _run(sys.executable, "-c", code)
     assert res.returncode == 3 and res.stdout == "ranfrozen True\n", res
     assert _run(str(Path(sys.executable).with_name("mocolab")), "train", "--set", "optim.epochs=-1").returncode == 2
+
+
+def test_presets_lists_every_preset_with_what_it_is_for():
+    res = subprocess.run([str(Path(sys.executable).with_name("mocolab")), "presets"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == list_presets()
+    assert all(len(line.split(None, 1)[1]) >= 20 for line in lines[:-1])
+    assert "MoCo v2 on ImageNet" in res.stdout and "--print-config" in lines[-1]

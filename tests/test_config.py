@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from mocolab.config import Config, build_config, list_presets, load_preset, parse_overrides, validate
@@ -195,3 +197,56 @@ def test_a_string_field_may_hold_the_word_none_and_other_fields_may_not_be_empti
     for bad in ({"optim.lr": "none"}, {"augment.preset": None}):
         with pytest.raises(ValueError, match=r"may not be empty"):
             build_config("smoke", bad)
+
+
+# Numeric fields that take a huge value on purpose: counts capped by what exists, lengths a user may ask for.
+TAKES_HUGE = {
+    "data.subset": "capped at the set's size", "data.memory_budget_mb": "a budget, not an allocation",
+    "optim.epochs": "a long run", "optim.max_steps": "a long run", "optim.lr": "recorded as diverged if too high",
+    "eval.knn_k": "capped at the bank", "eval.knn_every": "never within the run", "eval.knn_bank": "capped at the set",
+    "eval.knn_test": "capped at the set", "eval.linear_train": "capped at the set",
+    "eval.drift_probes": "capped at the dictionary's slots", "run.checkpoint_every": "never within the run",
+    "run.keep_checkpoints": "keeps all", "run.step_metrics_every": "never within the run",
+    "run.max_failures": "retries that many times", "run.fault_step": "never reached",
+    "data.image_size": "refused later by the memory check", "queue.size": "refused against the set size",
+    "bank.negatives": "refused against the bank size", "vit.depth": "a deep model",
+    "data.stream_tasks": "capped at 64",
+}
+# ... and zero: a field that is off at 0, or whose 0 is a value
+TAKES_ZERO = {"augment.jitter", "model.hidden", "moco.m", "bank.negatives", "optim.warmup_epochs", "optim.momentum",
+              "optim.weight_decay", "eval.knn_every", "eval.linear_wd", "eval.drift_probes", "run.seed",
+              "run.num_workers", "run.threads", "run.gpus_per_worker", "run.checkpoint_every",
+              "run.system_metrics_s", "run.max_failures", "run.fault_step", "vit.patch_size", "vit.depth",
+              "vit.heads", "vit.mlp_ratio", "bank.momentum", "queue.size"}
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_every_numeric_field_refuses_what_it_cannot_use_naming_itself(preset):
+    """Zero, negative, huge, non-integer and non-finite values of every numeric field of every preset:
+    each is taken on purpose (the lists above say why) or refused with a ValueError that names the field."""
+    try:
+        base = {}
+        flat = build_config(preset).flatten()
+    except ValueError:  # the ImageNet presets read a folder of the user's: their numbers on generated data
+        base = {"data.name": "synthetic", "data.synthetic_size": 200_000, "data.loader": "memory"}
+        flat = build_config(preset, base).flatten()
+    numeric = {k: v for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert len(numeric) > 30
+    surprises = []
+    for key, value in numeric.items():
+        trials = {"zero": 0, "negative": -1, "huge": 10**12}
+        trials.update({"non-integer": 2.5} if isinstance(value, int) else {"nan": math.nan, "inf": math.inf})
+        for kind, bad in trials.items():
+            try:
+                build_config(preset, {**base, key: bad})
+            except ValueError as err:
+                if not str(err).startswith(key.split(".")[0]) and key not in str(err):
+                    surprises.append(f"{key}={bad!r}: the error does not name the field: {err}")
+                continue
+            except Exception as err:  # noqa: BLE001 - what this test exists to catch
+                surprises.append(f"{key}={bad!r}: {type(err).__name__}: {err}")
+                continue
+            if kind in ("negative", "non-integer", "nan", "inf") or (kind == "huge" and key not in TAKES_HUGE) \
+                    or (kind == "zero" and key not in TAKES_ZERO):
+                surprises.append(f"{key}={bad!r} ({kind}) was accepted")
+    assert not surprises, "\n".join(surprises)

@@ -75,8 +75,18 @@ def test_single_seed_and_whole_experiment(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _fill(uri, "momentum-ablation", [(0.9, 0, "finished"), (0.999, 0, "finished")])
     rep = build_report("momentum-ablation", tmp_path / "out", tracking_uri=uri)  # no parent: all trials
-    assert rep.trials == 2 and "1 seed(s)" in rep.message
+    assert rep.trials == 2 and "1 seed(s)" in rep.message and "Warning" not in rep.message
     assert png_size(tmp_path / "out" / "momentum.png")[0] > 0
+    # a second sweep of the same experiment in another precision: pooled, the report says so
+    client = MlflowClient(uri)
+    _fill(uri, "momentum-ablation", [(0.9, 1, "finished")])
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("momentum-ablation").experiment_id])
+            if "mlflow.parentRunId" in r.data.tags]
+    for run in runs:
+        client.set_tag(run.info.run_id, "mocolab.precision", "fp32" if run.data.params["run.seed"] == "1" else "bf16")
+    rep = build_report("momentum-ablation", tmp_path / "out", tracking_uri=uri)
+    assert rep.trials == 3 and "Warning: the trials come from 2 different precisions (bf16; fp32)" in rep.message
+    assert "2 different precisions" in rep.html.read_text()
 
 
 def test_empty_and_unknown_experiments(tmp_path):

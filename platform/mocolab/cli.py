@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .addresses import check_addresses
-from .config import CHOICES, build_config, list_presets
+from .config import CHOICES, build_config, list_presets, preset_summary
 from .exiting import exit_now
 
 
@@ -162,6 +162,66 @@ def _cluster_parser(sub) -> None:
     cl.set_defaults(func=_cluster)
 
 
+def _presets(_args: argparse.Namespace) -> int:
+    names = list_presets()
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:<{width}}  {preset_summary(name)}")
+    print("use one with --preset NAME; see every field it sets with: mocolab train --preset NAME --print-config")
+    return 0
+
+
+def _baselines(args: argparse.Namespace) -> int:
+    from .repro.baselines import log_baselines
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds: {args.seeds} must be >= 1")
+    build_config(args.preset, args.set or [])  # bad fields refused before data and models load
+    check_addresses(args.tracking_uri)
+    log_baselines(args.name or args.preset, args.preset, args.set or [],
+                  list(range(args.first_seed, args.first_seed + args.seeds)), tracking_uri=args.tracking_uri)
+    return 0
+
+
+def _baselines_parser(sub) -> None:
+    bl = sub.add_parser("baselines", help="what a trained encoder must beat: the random-init encoder of each seed "
+                        "and a linear probe on raw pixels, scored like a run's final evaluation, logged to MLflow")
+    bl.add_argument("--preset", default="cpu-quick", help=f"one of {list_presets()} (default cpu-quick)")
+    bl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    bl.add_argument("--seeds", type=int, default=1, help="seeds (default 1)")
+    bl.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed+seeds-1")
+    bl.add_argument("--name", default=None, help="the set's name (default the preset); the same name skips "
+                    "what is logged already")
+    bl.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    bl.set_defaults(func=_baselines)
+
+
+def _repro(args: argparse.Namespace) -> int:
+    from .repro.run import main as repro_main
+
+    if not args.document_only:
+        check_addresses(args.tracking_uri)
+    return repro_main(args)
+
+
+def _repro_parser(sub) -> None:
+    rp = sub.add_parser("repro", help="run or resume the reproduction's studies, export them to results/*.csv "
+                        "and write docs/REPRODUCTION.md from those files")
+    rp.add_argument("--study", action="append", help="only this study (repeatable; default all)")
+    rp.add_argument("--precision", default="auto", help="auto (resolved once, then pinned), bf16 or fp32")
+    rp.add_argument("--threads", type=int, default=1, help="torch threads per trial (default 1: one trial per core)")
+    rp.add_argument("--stop-after", type=int, default=None, help="end each study after N more trials (resume later)")
+    rp.add_argument("--skip-run", action="store_true", help="export and write only: run nothing")
+    rp.add_argument("--document-only", action="store_true", help="write the document from results/ only")
+    rp.add_argument("--results", default="results", help="the CSV folder (default results)")
+    rp.add_argument("--doc", default="docs/REPRODUCTION.md", help="the document (default docs/REPRODUCTION.md)")
+    rp.add_argument("--readme", default="README.md", help="README whose headline table is regenerated")
+    rp.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    rp.set_defaults(func=_repro)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mocolab", description="Momentum Contrast experiments.")
     parser.add_argument("--version", action="version", version=f"mocolab {__version__}")
@@ -180,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(s3://bucket/runs, gs://..., file:///...); default $MOCOLAB_STORAGE, else run.output_dir")
     tr.add_argument("--print-config", action="store_true", help="print the resolved, validated config and exit without training")
     tr.add_argument("--measure-init", action="store_true",
-                    help="also measure kNN top-1 before training (with --in-process)")
+                    help="also score the encoder before training, kNN and linear probe (with --in-process)")
     tr.add_argument("--in-process", action="store_true",
                     help="run the loop directly in this process: no Ray, no MLflow, no checkpoints")
     tr.add_argument("--tracking-uri", default=None,
@@ -211,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     ex.set_defaults(func=_export)
     _cluster_parser(sub)
+    sub.add_parser("presets", help="list the presets, one line each").set_defaults(func=_presets)
+    _baselines_parser(sub)
+    _repro_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -265,6 +265,19 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+def preset_summary(name: str) -> str:
+    """What a preset is for: the start of its leading comment, up to its first colon (or, where that is too
+    short to say anything, its first full stop)."""
+    lines = []
+    for line in (PRESET_DIR / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    text = " ".join(lines)
+    head = text.split(": ", 1)[0]
+    return head if len(head) >= 25 else text.split(". ", 1)[0].rstrip(".")
+
+
 def load_preset(name: str) -> Config:
     """Defaults updated by ``presets/<name>.yaml``; a preset is data, never a code branch."""
     path = PRESET_DIR / f"{name}.yaml"
@@ -402,31 +415,7 @@ def validate(cfg: Config) -> Config:
     _range("optim.momentum", o.momentum, 0.0, 1.0, hi_open=True)
     _range("optim.warmup_epochs", o.warmup_epochs, 0.0, float(o.epochs), hi_open=True,
            allowed=f"[0, optim.epochs={o.epochs})")
-    _check_vit(cfg)
-    _range("optim.weight_decay", o.weight_decay, 0.0, 1.0)
-    _range("augment.crop_min", a.crop_min, 0.0, 1.0, lo_open=True, allowed="(0, 1]")
-    _range("augment.jitter", a.jitter, 0.0, 1.0)
-    _range("augment.blur_sigma_max", a.blur_sigma_max, 0.1, 100.0)
-    _range("model.width", mo.width, 1)
-    _range("model.dim", mo.dim, 1)
-    _range("model.hidden", mo.hidden, 0)
-    _range("eval.knn_k", e.knn_k, 1)
-    _range("eval.knn_t", e.knn_t, 0.0, 100.0, lo_open=True)  # any t > 0: the kNN weights are computed stably
-    _range("eval.knn_every", e.knn_every, 0)
-    _range("eval.linear_steps", e.linear_steps, 1)
-    _range("eval.linear_wd", e.linear_wd, 0.0, 100.0)
-    _range("run.num_workers", r.num_workers, 0)
-    _range("run.threads", r.threads, 0)
-    _range("run.cpus_per_worker", r.cpus_per_worker, 0.0, lo_open=True, allowed="> 0")
-    if r.name is not None:
-        check_name("run.name", r.name)
-    _range("run.gpus_per_worker", r.gpus_per_worker, 0.0)
-    _range("run.checkpoint_every", r.checkpoint_every, 0)
-    _range("run.keep_checkpoints", r.keep_checkpoints, 1)
-    _range("run.system_metrics_s", r.system_metrics_s, 0)
-    _range("run.step_metrics_every", r.step_metrics_every, 1, allowed="an integer >= 1")
-    _range("run.max_failures", r.max_failures, 0)
-    _range("run.fault_step", r.fault_step, 0)
+    # the data's size first: the ViT's patch checks divide it
     for key in ("subset", "image_size"):
         val = getattr(d, key)
         if val is not None:
@@ -435,7 +424,35 @@ def validate(cfg: Config) -> Config:
     if d.image_size is not None and d.image_size < smallest:
         raise ValueError(f"data.image_size: {d.image_size} is below the {smallest} px model.backbone "
                          f"{cfg.model.backbone!r} accepts; allowed >= {smallest} (or another backbone)")
-    _range("data.synthetic_size", d.synthetic_size, 2)
+    _check_vit(cfg)
+    _range("optim.weight_decay", o.weight_decay, 0.0, 1.0)
+    _range("augment.crop_min", a.crop_min, 0.0, 1.0, lo_open=True, allowed="(0, 1]")
+    _range("augment.jitter", a.jitter, 0.0, 1.0)
+    _range("augment.blur_sigma_max", a.blur_sigma_max, 0.1, 100.0)
+    # Upper bounds where a larger value can only fail later (an allocation, a thread pool, a seed stream):
+    # past them the error is this one line, not a traceback minutes in.
+    _range("model.width", mo.width, 1, 8192)
+    _range("model.dim", mo.dim, 1, 65536)
+    _range("model.hidden", mo.hidden, 0, 65536)
+    _range("eval.knn_k", e.knn_k, 1)
+    _range("eval.knn_t", e.knn_t, 0.0, 100.0, lo_open=True)  # any t > 0: the kNN weights are computed stably
+    _range("eval.knn_every", e.knn_every, 0)
+    _range("eval.linear_steps", e.linear_steps, 1, 100_000)
+    _range("eval.linear_wd", e.linear_wd, 0.0, 100.0)
+    _range("run.num_workers", r.num_workers, 0)
+    _range("run.threads", r.threads, 0, 1024)
+    _range("run.seed", r.seed, 0, 2**32 - 1)
+    _range("run.cpus_per_worker", r.cpus_per_worker, 0.0, 4096.0, lo_open=True, allowed="(0, 4096]")
+    if r.name is not None:
+        check_name("run.name", r.name)
+    _range("run.gpus_per_worker", r.gpus_per_worker, 0.0, 64.0)
+    _range("run.checkpoint_every", r.checkpoint_every, 0)
+    _range("run.keep_checkpoints", r.keep_checkpoints, 1)
+    _range("run.system_metrics_s", r.system_metrics_s, 0, 86400)
+    _range("run.step_metrics_every", r.step_metrics_every, 1, allowed="an integer >= 1")
+    _range("run.max_failures", r.max_failures, 0)
+    _range("run.fault_step", r.fault_step, 0)
+    _range("data.synthetic_size", d.synthetic_size, 2, 1_000_000)
     _range("data.memory_budget_mb", d.memory_budget_mb, 1)
     _range("data.stream_tasks", d.stream_tasks, 1, 64)
     if d.loader == "stream" and d.name not in STREAMABLE:
@@ -446,6 +463,10 @@ def validate(cfg: Config) -> Config:
         if val is not None:
             _range(f"eval.{key}", val, 1)
 
+    # checked even where the method does not read them (v3 has no queue, plain BN no groups): a nonsense
+    # value in a config is refused, not kept until someone switches the method
+    _range("queue.size", q.size, 0)
+    _range("moco.bn_groups", mc.bn_groups, 1, 4096)
     ws = cfg.world_size
     if o.batch_size % ws:
         raise ValueError(f"optim.batch_size: {o.batch_size} must be a multiple of run.num_workers={ws}")

@@ -111,6 +111,7 @@ class TrainResult:
     history: list[EpochRecord] = field(default_factory=list)
     knn_top1_init: float | None = None
     probe: ProbeResult | None = None  # the final linear probe, weights included (rank 0 of a finished run)
+    linear_top1_init: float | None = None
 
 
 def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
@@ -454,11 +455,14 @@ class Trainer:
         """Evaluation features at the run's precision (bf16 encoders: bf16 autocast, as in training)."""
         return extract_features(self.encoder.backbone, images, self.device, dtype=self.precision)
 
-    def split_features(self, split: str, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and labels of a split's evaluation images, batch by batch: only features are kept."""
+    def split_features(self, split: str, n: int | None,
+                       embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of a split's evaluation images, batch by batch: only features are kept.
+        ``embed``: uint8 images to features, by default the encoder's (a baseline passes its own)."""
+        embed = embed or self.features
         feats, labels = [], []
         for images, lab in self.data.eval_split(split, n):
-            feats.append(self.features(images))
+            feats.append(embed(images))
             labels.append(lab)
         return torch.cat(feats), torch.cat(labels)
 
@@ -468,17 +472,20 @@ class Trainer:
         f_test, l_test = self.split_features("test", e.knn_test)
         return knn_accuracy(f_bank, l_bank, f_test, l_test, self.data.classes, e.knn_k, e.knn_t)
 
-    def final_eval(self, progress: Callable[[str], None] | None = None) -> tuple[float, ProbeResult]:
+    def final_eval(self, progress: Callable[[str], None] | None = None,
+                   embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[float, ProbeResult]:
         """(kNN top-1, the linear probe) at the end, from one extraction of the features both read.
 
         The kNN bank and the probe's training images are both prefixes of one
         list of training images, so the numbers equal ``knn()`` and a separate probe.
+        ``embed``: what makes the features, by default the encoder (baselines.py passes raw pixels): every
+        encoder and baseline is scored on the same images by the same kNN and probe.
         """
         e = self.cfg.eval
         n_bank = min(e.knn_bank or self.data.size, self.data.size)
         n_lin = min(e.linear_train or self.data.size, self.data.size)
-        f_train, l_train = self.split_features("train", max(n_bank, n_lin))
-        f_test, l_test = self.split_features("test", None)
+        f_train, l_train = self.split_features("train", max(n_bank, n_lin), embed)
+        f_test, l_test = self.split_features("test", None, embed)
         n_test = min(e.knn_test or len(l_test), len(l_test))
         if progress is not None:
             progress(f"evaluation: kNN bank {self.data.describe_eval('train', n_bank)} training images, "
@@ -526,9 +533,11 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         + (f", resuming at step {tr.step}" if tr.step else ""))
     for note in tr.data.notes():
         say(f"  {note}")
-    knn_init = tr.knn() if measure_init and main else None
-    if knn_init is not None:
-        say(f"  kNN top-1 at initialisation: {100 * knn_init:.2f}%")
+    knn_init = linear_init = None
+    if measure_init and main:  # the baseline this run must beat: its own encoder before training (baselines.py)
+        knn_init, probe_init = tr.final_eval()
+        linear_init = probe_init.test_top1
+        say(f"  at initialisation: linear top-1 {100 * linear_init:.2f}%  kNN top-1 {100 * knn_init:.2f}%")
     loss = tr.history[-1].loss if tr.history else float("nan")
     diverged = False
     e = cfg.eval
@@ -561,9 +570,9 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
             on_epoch(rec)
         rec.per_step, rec.diagnostics = {}, {}  # logged by on_epoch; held no longer (a million steps)
     if diverged:
-        return TrainResult(None, None, loss, tr.step, True, tr.history, knn_init)
+        return TrainResult(None, None, loss, tr.step, True, tr.history, knn_init, linear_top1_init=linear_init)
     if not main:
-        return TrainResult(None, None, loss, tr.step, False, tr.history, knn_init)
+        return TrainResult(None, None, loss, tr.step, False, tr.history, knn_init, linear_top1_init=linear_init)
     say("final kNN and linear probe on frozen features ...")
     knn_final, probe = tr.final_eval(say)
     linear = probe.test_top1
@@ -571,7 +580,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         tr.history[-1].knn_top1 = knn_final
     say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "
         f"kNN top-1 {100 * knn_final:.2f}%")
-    return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init, probe)
+    return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init, probe, linear_init)
 
 
 def _mean_cosines(diag: dict, fresh_negatives: bool) -> tuple[float | None, float | None]:

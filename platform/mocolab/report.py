@@ -229,10 +229,7 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     seeds = df["params.run.seed"].nunique() if "params.run.seed" in df else 1
     subtitle = (f"{len(df)} trials, {seeds} seed(s), varying {', '.join(varying) or 'nothing'}; "
                 f"{n_bad} did not finish. Store: {redact_uri(uri)}")
-    datas = sorted(set(df["data"].dropna()) - {""}) if "data" in df else []
-    if len(datas) > 1:
-        subtitle += (f". Warning: the trials trained on {len(datas)} different data sets ({'; '.join(datas)}): "
-                     f"compare within one")
+    subtitle += "".join(f". Warning: {w}" for w in mixed_provenance(df))
     page = out / "report.html"
     _write(page, PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), refresh=refresh, live=live,
                              sections="\n".join(sections), table=_table_html(df, varying, ui_url, experiment_id)))
@@ -240,6 +237,20 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     if log_artifacts and parent_run:
         store.log_artifacts(parent_run, [page, *paths], artifact_path="report")
     return Report(out, page, paths, len(df), subtitle, running=running, live=live_now)
+
+
+def mixed_provenance(df: pd.DataFrame) -> list[str]:
+    """What the trials of one table differ in beyond their config (data, precision, torch, code): a report
+    that pools several sweeps says so rather than average runs that are not comparable."""
+    out = []
+    for col, what, advice in (("data", "data sets", "compare within one"),
+                              ("precision", "precisions", "compare within one (run.precision)"),
+                              ("torch", "torch versions", "compare within one"),
+                              ("commit", "code commits", "check that the method did not change between them")):
+        values = sorted({str(v) for v in df[col].dropna()} - {"", "nan"}) if col in df else []
+        if len(values) > 1:
+            out.append(f"the trials come from {len(values)} different {what} ({'; '.join(values)}): {advice}")
+    return out
 
 
 def negatives_drift(store: Store, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[list, list]], str]:

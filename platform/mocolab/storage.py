@@ -34,6 +34,21 @@ def shown(location: str) -> str:
     return f"{scheme}://{rest.rsplit('@', 1)[-1]}"
 
 
+def _check_endpoints(location: str) -> None:
+    """The endpoint a URI's query or the environment names, port included: pyarrow takes port 99999 as
+    34463 (modulo 65536) and connects there, and a port that is not a number fails at the first request."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from .addresses import check_url
+
+    for endpoint in parse_qs(urlsplit(location).query).get("endpoint_override", []):
+        check_url(endpoint if "://" in endpoint else f"http://{endpoint}", "run.output_dir",
+                  f"{shown(location)}?endpoint_override={endpoint}")
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        if os.environ.get(var):
+            check_url(os.environ[var], var)
+
+
 class Location:
     """A folder on a local disk or behind a URI; paths below it are '/'-joined names."""
 
@@ -42,6 +57,8 @@ class Location:
         self.remote = is_uri(location)
         if self.remote:
             import pyarrow.fs
+
+            _check_endpoints(location)
 
             try:
                 self.fs, self.root = pyarrow.fs.FileSystem.from_uri(location)

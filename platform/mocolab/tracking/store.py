@@ -46,6 +46,10 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
                "stopped_at_epoch": _num(tags.get(STOPPED_AT_TAG, "nan")),
                "failure_reason": tags.get(FAILURE_TAG, "")}
         row["data"] = training_data(run)
+        # what a number depends on beyond its config: pooled trials that differ here are not comparable
+        row["commit"] = tags.get("mlflow.source.git.commit", "")[:12]
+        row["precision"] = tags.get("mocolab.precision", "")
+        row["torch"] = tags.get("mocolab.torch", "")
         row.update({f"params.{k}": _num(v) for k, v in params.items()})
         row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
         rows.append(row)

@@ -1,0 +1,93 @@
+"""The statistics behind every claim the reproduction makes: intervals per arm, paired tests across seeds.
+
+Arms of a study share seeds (seed s of every arm starts from the same encoder and sees the same batches), so
+two arms are compared by the per-seed differences (a paired t-test), not as two independent samples; a
+study that makes several comparisons corrects their p-values together (Holm, which controls the family-wise
+error without assuming independence).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean, sample standard deviation and the two-sided 95 % t-interval of the mean over ``n`` values."""
+
+    n: int
+    mean: float
+    std: float
+    low: float
+    high: float
+
+
+def interval(values: Sequence[float], level: float = 0.95) -> Interval:
+    """The t-interval of the mean (std and bounds are NaN with fewer than two values)."""
+    from scipy import stats
+
+    xs = [float(v) for v in values if not math.isnan(float(v))]
+    n = len(xs)
+    if n == 0:
+        return Interval(0, math.nan, math.nan, math.nan, math.nan)
+    mean = sum(xs) / n
+    if n < 2:
+        return Interval(1, mean, math.nan, math.nan, math.nan)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
+    return Interval(n, mean, std, mean - half, mean + half)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``a`` against ``b`` over the seeds both have: mean of (a − b), its interval, the paired t-test."""
+
+    a: str
+    b: str
+    n: int
+    diff: Interval
+    t: float
+    p: float
+    p_holm: float = math.nan
+
+    def verdict(self, alpha: float = 0.05) -> str:
+        """'a > b', 'a < b' or 'no difference' at ``alpha`` after Holm's correction."""
+        if math.isnan(self.p_holm) or self.p_holm >= alpha:
+            return "no difference"
+        return f"{self.a} > {self.b}" if self.diff.mean > 0 else f"{self.a} < {self.b}"
+
+
+def paired(a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str]) -> Comparison:
+    """Paired t-test of two arms given as {seed: value}; seeds missing from either arm are left out."""
+    from scipy import stats
+
+    seeds = sorted(s for s in a if s in b and not math.isnan(a[s]) and not math.isnan(b[s]))
+    diffs = [a[s] - b[s] for s in seeds]
+    d = interval(diffs)
+    if len(seeds) < 2:
+        return Comparison(names[0], names[1], len(seeds), d, math.nan, math.nan)
+    if d.std == 0:  # identical differences: the t statistic is infinite unless they are all zero
+        return Comparison(names[0], names[1], len(seeds), d, math.inf if d.mean else 0.0, 0.0 if d.mean else 1.0)
+    res = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
+    return Comparison(names[0], names[1], len(seeds), d, float(res.statistic), float(res.pvalue))
+
+
+def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
+    """The same comparisons with ``p_holm`` set: Holm's step-down adjustment over the family (NaN p-values,
+    from too few seeds, stay NaN and do not count toward the family's size)."""
+    from dataclasses import replace
+
+    tested = sorted((c.p, i) for i, c in enumerate(comparisons) if not math.isnan(c.p))
+    m, running, adjusted = len(tested), 0.0, {}
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return [replace(c, p_holm=adjusted.get(i, math.nan)) for i, c in enumerate(comparisons)]
+
+
+def fmt_p(p: float) -> str:
+    if math.isnan(p):
+        return "—"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"

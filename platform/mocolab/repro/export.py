@@ -1,0 +1,84 @@
+"""MLflow -> ``results/<study>.csv``: every trial of a study's sweep and its baselines, one row each, with what
+each number depends on (commit, precision, torch, device, data digest), so the write-up needs no store."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..tracking import PARENT_TAG, STATUS_TAG, Store, trials_frame
+from .baselines import EXPERIMENT as BASELINES, KIND_TAG, SET_TAG
+from .plan import Study
+
+COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
+           "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",
+           "run_id"]
+EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation"}
+
+
+def export(study: Study, store: Store, out_dir: Path) -> Path | None:
+    """Write ``out_dir/<study>.csv``; None (and nothing written) when the store has no run of the study."""
+    rows = _trials(study, store) + _baselines(study, store)
+    if not rows:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows, columns=COLUMNS).sort_values(["arm", "seed"], key=_order).reset_index(drop=True)
+    path = out_dir / f"{study.name}.csv"
+    frame.to_csv(path, index=False, float_format="%.6g")
+    return path
+
+
+def _order(col: pd.Series) -> pd.Series:
+    if col.name == "arm":  # baselines first, then the arms by value
+        return col.map(lambda a: (-1.0 if a == "raw-pixels" else -0.5) if a in ("raw-pixels", "random-init")
+                       else float(a))
+    return col.astype(float).fillna(-1)
+
+
+def _common(run) -> dict:
+    tags = run.data.tags
+    return {"commit": tags.get("mlflow.source.git.commit", "")[:12], "dirty": tags.get("mocolab.source.git.dirty", ""),
+            "precision": tags.get("mocolab.precision", ""), "torch": tags.get("mocolab.torch", ""),
+            "device": tags.get("mocolab.device", ""), "run_id": run.info.run_id}
+
+
+def _trials(study: Study, store: Store) -> list[dict]:
+    exp_id = store.experiment_id(EXPERIMENTS[study.script])
+    if exp_id is None:
+        return []
+    parents = store.client.search_runs([exp_id], f"tags.`{PARENT_TAG}` = '{study.name}'", max_results=1)
+    if not parents:
+        return []
+    runs = store.runs(exp_id, parent_run_id=parents[0].info.run_id)
+    frame = trials_frame(runs)
+    rows = []
+    for run, (_, t) in zip(runs, frame.iterrows()):
+        m = run.data.metrics
+        rows.append({"study": study.name, "arm": f"{float(t[f'params.{study.by}']):g}",
+                     "seed": int(t["params.run.seed"]), "status": t["status"],
+                     "linear_top1": t["linear_top1"], "knn_top1": t["knn_top1"], "final_loss": t["final_loss"],
+                     "pretext_acc": m.get("pretext_acc", math.nan), "queue_size": t.get("params.queue.size"),
+                     "ema_half_life": t["ema_half_life"], "max_staleness_bound": t["max_staleness_bound"],
+                     "data": t["data"], **_common(run)})
+    return rows
+
+
+def _baselines(study: Study, store: Store) -> list[dict]:
+    exp_id = store.experiment_id(BASELINES)
+    if exp_id is None:
+        return []
+    runs = store.client.search_runs([exp_id], f"tags.`{SET_TAG}` = '{study.name}' and attributes.status = 'FINISHED'",
+                                    max_results=1000)
+    rows = []
+    for run in runs:
+        kind = run.data.tags[KIND_TAG]
+        m = run.data.metrics
+        rows.append({"study": study.name, "arm": kind,
+                     "seed": int(run.data.params["run.seed"]) if kind == "random-init" else math.nan,
+                     "status": run.data.tags.get(STATUS_TAG, "finished"), "linear_top1": m["linear_top1"],
+                     "knn_top1": m["knn_top1"], "final_loss": math.nan, "pretext_acc": math.nan,
+                     "queue_size": math.nan, "ema_half_life": math.nan, "max_staleness_bound": math.nan,
+                     "data": "", **_common(run)})
+    return rows

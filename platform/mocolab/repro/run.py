@@ -1,0 +1,77 @@
+"""``mocolab repro``: run or resume every study of the plan, export its runs to CSV, write the document.
+
+Studies run as their scripts, under their plan names, so an interrupted reproduction continues with the same
+command (finished trials are not rerun). Precision and threads are pinned on the command line (``auto``
+is resolved once, here, and recorded), so a resume on another kind of machine is refused by the sweep
+instead of mixing precisions.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .plan import STUDIES, Study
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def resolve_precision(name: str) -> str:
+    import torch
+
+    from ..hardware import resolve_precision as resolve
+
+    if name not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"--precision: {name!r}; choose auto, bf16 or fp32")
+    return "bf16" if resolve(name, torch.device("cpu")) == torch.bfloat16 else "fp32"
+
+
+def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str | None, stop_after: int | None,
+              say: Callable[[str], None] = print) -> int:
+    """Baselines (seconds), then the study (resumed where it stopped); the study's exit code."""
+    from .baselines import log_baselines
+
+    log_baselines(study.name, study.preset, study.overrides(precision), list(range(study.seeds)),
+                  tracking_uri=tracking_uri, say=say)
+    script = study.command(precision, threads)
+    argv = [sys.executable, str(REPO / script[0]), *script[1:]]
+    if tracking_uri:
+        argv += ["--tracking-uri", tracking_uri]
+    if stop_after:
+        argv += ["--stop-after", str(stop_after)]
+    say("$ " + " ".join(["python", *script]))
+    return subprocess.call(argv, cwd=REPO)
+
+
+def main(args) -> int:
+    from ..tracking import Store
+    from .document import replace_headline, write
+    from .export import export
+
+    studies = [s for s in STUDIES if not args.study or s.name in args.study]
+    unknown = sorted(set(args.study or []) - {s.name for s in STUDIES})
+    if unknown:
+        raise ValueError(f"--study: unknown {unknown}; the plan has {[s.name for s in STUDIES]}")
+    if args.threads < 1:
+        raise ValueError(f"--threads: {args.threads} must be >= 1")
+    results, doc = Path(args.results), Path(args.doc)
+    code = 0
+    if not args.document_only:
+        if not args.skip_run:
+            precision = resolve_precision(args.precision)
+            for study in studies:
+                code = run_study(study, precision, args.threads, tracking_uri=args.tracking_uri,
+                                 stop_after=args.stop_after) or code
+        store = Store(args.tracking_uri)
+        for study in studies:
+            path = export(study, store, results)
+            print(f"exported {study.name}: {path}" if path else f"{study.name}: no runs in {store.uri} yet")
+    written = write(results, doc, doc.parent / "figures")
+    print(f"wrote {doc} ({len(written.figures)} figure(s))")
+    readme = Path(args.readme)
+    if readme.is_file():
+        readme.write_text(replace_headline(readme.read_text(), written.headline))
+        print(f"updated the headline table in {readme}")
+    return code

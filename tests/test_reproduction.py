@@ -1,0 +1,145 @@
+"""The reproduction's pipeline: baselines logged per seed, a sweep exported to CSV, the document and README's
+headline table regenerated from the CSV files alone, and the committed ones checked against their CSVs."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mocolab.baselines import Baseline
+from mocolab.config import ConfigMismatchError, build_config
+from mocolab.data import fashion_mnist_dir
+from mocolab.repro.baselines import EXPERIMENT, _log, log_baselines
+from mocolab.repro.document import HEADLINE_BEGIN, HEADLINE_END, replace_headline, write
+from mocolab.repro.export import export
+from mocolab.repro.plan import STUDIES, study
+from mocolab.tracking import MetricsLogger, RunTracker, Store
+
+REPO = Path(__file__).resolve().parents[1]
+needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
+SMALL = ["data.subset=512", "queue.size=256", "eval.knn_bank=512", "eval.linear_train=512", "eval.knn_test=300", "eval.linear_steps=10"]
+
+
+@needs_fmnist
+def test_baselines_are_the_trials_starting_encoder_logged_once_and_never_mixed(tmp_path):
+    from mocolab.loop import run_training
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = log_baselines("set", "smoke", SMALL, [0, 1], tracking_uri=uri, say=lambda _: None)
+    assert [(b.kind, b.seed) for b in first] == [("random-init", 0), ("raw-pixels", None), ("random-init", 1)]
+    assert all(0.1 < b.linear_top1 <= 1 and 0.1 < b.knn_top1 <= 1 for b in first)
+    # seed 1's random-init encoder is the network a run of seed 1 starts from: the same scores before step 1
+    cfg = build_config("smoke", [*SMALL, "run.seed=1", "optim.max_steps=1"])
+    trained = run_training(cfg, measure_init=True, progress=None)
+    assert (trained.linear_top1_init, trained.knn_top1_init) == (first[2].linear_top1, first[2].knn_top1)
+    assert first[0].linear_top1 != first[2].linear_top1  # another seed, another encoder
+    lines: list[str] = []
+    again = log_baselines("set", "smoke", SMALL, [0, 1], tracking_uri=uri, say=lines.append)
+    assert again == first and all("measuring" not in line for line in lines)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    assert all(r.data.tags["mocolab.precision"] in ("bf16", "fp32") and r.data.tags["mocolab.torch"] for r in runs)
+    with pytest.raises(ConfigMismatchError, match=r"eval.knn_k"):
+        log_baselines("set", "smoke", [*SMALL, "eval.knn_k=5"], [0], tracking_uri=uri, say=lambda _: None)
+    assert len(client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])) == 3
+
+
+def _sweep(uri: str, name: str, arms: dict[float, list[float]], precision: dict[tuple[float, int], str]) -> None:
+    """A sweep's parent and trials, logged through mocolab's own tracking code; m = 0 does not learn."""
+    tracker = RunTracker(uri, "momentum-ablation")
+    parent = MlflowClient(uri).create_run(tracker.experiment_id, run_name=name,
+                                          tags={"mocolab.sweep_parent": name, "mocolab.sweep_name": name})
+    for m, linears in arms.items():
+        for seed, linear in enumerate(linears):
+            cfg = build_config("smoke", {"moco.m": m, "run.seed": seed})
+            child = RunTracker(uri, "momentum-ablation")
+            run_id, _ = child.start(f"{name}--m={m:g}-{seed}", cfg.flatten(), cfg.to_dict(),
+                                    tags={"trial": f"m={m:g} seed={seed}"}, parent_run_id=parent.info.run_id)
+            log = MetricsLogger(uri, run_id)
+            log.set_tag("mocolab.precision", precision.get((m, seed), "bf16"))
+            log.set_tag("mocolab.torch", "2.14.1")
+            lost = m == 0
+            log.log({"pretext_acc": 0.01 if lost else 0.6}, 10)
+            log.log_final({"linear_top1": linear, "knn_top1": linear - 0.1,
+                           "final_loss": 7.0 if lost else 3.0}, 10)  # ln(1 + 1024) = 6.93
+            child.finish("finished")
+
+
+def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_claim(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    s = study("momentum-cpu-quick")
+    arms = {0.0: [0.84, 0.845, 0.842], 0.9: [0.85, 0.855, 0.852], 0.99: [0.870, 0.8752, 0.8722],
+            0.999: [0.86, 0.866, 0.861], 0.9999: [0.86, 0.862, 0.868]}
+    _sweep(uri, s.name, arms, {(0.9, 2): "fp32"})
+    store = Store(uri)
+    exp_id = store.experiment_id(EXPERIMENT, create=True)
+    cfg = build_config("smoke")
+    for seed, linear in enumerate([0.845, 0.84, 0.843]):
+        _log(store, exp_id, s.name, build_config("smoke", {"run.seed": seed}), Baseline("random-init", seed, 0.74, linear))
+    _log(store, exp_id, s.name, cfg, Baseline("raw-pixels", None, 0.80, 0.83))
+
+    csv = export(s, store, tmp_path / "results")
+    frame = pd.read_csv(csv, dtype={"arm": str})
+    assert list(frame["arm"][:4]) == ["raw-pixels", "random-init", "random-init", "random-init"]
+    assert len(frame) == 4 + 15 and set(frame["status"]) == {"finished"}
+    assert sorted(frame.loc[frame["arm"] == "0.99", "linear_top1"]) == [0.87, 0.8722, 0.8752]
+
+    doc = tmp_path / "docs" / "REPRODUCTION.md"
+    out = write(tmp_path / "results", doc, tmp_path / "docs" / "figures")
+    text = doc.read_text()
+    assert out.figures and out.figures[0].stat().st_size > 10_000 and "![" in text
+    assert "*m = 0 fails*" in text and "3 of 3 seeds fail" in text
+    claim = next(line for line in text.splitlines() if line.startswith("- *m = 0.9 < m = 0.99*"))
+    assert "**reproduced**" in claim
+    tie = next(line for line in text.splitlines() if line.startswith("- *m = 0.9999 ≈ m = 0.999*"))
+    assert "**consistent**" in tie
+    assert "mixed: these runs are not comparable" in text  # one trial in fp32 among bf16 ones
+    assert f"| 0.99 | 3 | {100 * statistics.mean(arms[0.99]):.2f} ± {100 * statistics.stdev(arms[0.99]):.2f} [" in text
+    readme = f"intro\n{HEADLINE_BEGIN}\nold\n{HEADLINE_END}\nrest\n"
+    new = replace_headline(readme, out.headline)
+    assert new.startswith(f"intro\n{HEADLINE_BEGIN}\nMomentum ablation") and new.endswith(f"{HEADLINE_END}\nrest\n")
+    with pytest.raises(ValueError, match="no <!-- repro:headline"):
+        replace_headline("no markers", out.headline)
+
+
+def test_the_committed_document_and_readme_table_regenerate_from_the_committed_csvs(tmp_path):
+    doc = tmp_path / "REPRODUCTION.md"
+    out = write(REPO / "results", doc, tmp_path / "figures")
+    committed = (REPO / "docs" / "REPRODUCTION.md").read_text()
+    assert committed == doc.read_text().replace(str(tmp_path / "figures"), "figures"), \
+        "docs/REPRODUCTION.md differs from what results/*.csv give: run `mocolab repro --document-only`"
+    readme = (REPO / "README.md").read_text()
+    assert replace_headline(readme, out.headline) == readme, "README's headline table differs from results/*.csv"
+    for figure in out.figures:  # every figure the document shows is committed beside it
+        assert (REPO / "docs" / "figures" / figure.name).is_file()
+    # every study's CSV the document reads is one the plan names
+    assert {p.stem for p in (REPO / "results").glob("*.csv")} <= {s.name for s in STUDIES}
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_path):
+    """``run_study`` as ``mocolab repro`` calls it, on a study shaped like the plan's but sized for a test."""
+    from dataclasses import replace
+
+    from mocolab.repro.run import run_study
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    small = study("momentum-cpu-quick")
+    small = replace(small, name="repro-test", preset="smoke", values=(0.0, 0.99), seeds=1,
+                    extra=tuple(a for kv in [*SMALL, "optim.max_steps=4"] for a in ("--set", kv)))
+    lines: list[str] = []
+    assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=1, say=lines.append) == 0
+    assert any(line.startswith("$ python experiments/momentum_ablation.py --preset smoke --momenta 0,0.99")
+               and "--set run.precision=fp32 --set run.threads=1" in line for line in lines)
+    assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=None, say=lines.append) == 0  # the rest
+    csv = export(small, Store(uri), tmp_path / "results")
+    frame = pd.read_csv(csv, dtype={"arm": str})
+    assert sorted(frame["arm"]) == ["0", "0.99", "random-init", "raw-pixels"]
+    assert set(frame["status"]) == {"finished"} and set(frame["precision"]) == {"fp32"}
+    assert (frame.loc[frame["arm"] == "0", "linear_top1"] > 0.1).all()

@@ -1,0 +1,41 @@
+"""The statistics the reproduction states its claims with, against scipy and hand-worked values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats
+
+from mocolab.analysis.stats import holm, interval, paired
+
+
+def test_interval_is_the_t_interval_of_the_mean():
+    xs = [0.84, 0.86, 0.85, 0.88, 0.83]
+    iv = interval(xs)
+    lo, hi = stats.t.interval(0.95, len(xs) - 1, loc=sum(xs) / len(xs), scale=stats.sem(xs))
+    assert (iv.n, iv.low, iv.high) == (5, pytest.approx(lo), pytest.approx(hi))
+    assert iv.std == pytest.approx(stats.tstd(xs))
+    one = interval([0.5, math.nan])  # NaN (a diverged trial's accuracy) is not a value
+    assert one.n == 1 and one.mean == 0.5 and math.isnan(one.low)
+    assert interval([]).n == 0
+
+
+def test_paired_uses_the_seeds_both_arms_have_and_matches_scipy():
+    a = {0: 0.80, 1: 0.82, 2: 0.81, 3: 0.85}
+    b = {0: 0.78, 1: 0.80, 2: 0.80, 4: 0.99}  # seed 3 and 4: one arm only
+    c = paired(a, b, ("a", "b"))
+    res = stats.ttest_rel([0.80, 0.82, 0.81], [0.78, 0.80, 0.80])
+    assert c.n == 3 and c.t == pytest.approx(res.statistic) and c.p == pytest.approx(res.pvalue)
+    assert c.diff.mean == pytest.approx((0.02 + 0.02 + 0.01) / 3)
+    same = paired({0: 0.5, 1: 0.6}, {0: 0.4, 1: 0.5}, ("a", "b"))  # every seed +0.1: no spread
+    assert same.p == 0.0 and same.t == math.inf
+    assert math.isnan(paired({0: 0.5}, {0: 0.4}, ("a", "b")).p)  # one seed is no test
+
+
+def test_holm_steps_down_and_keeps_the_order_of_the_family():
+    family = [paired({0: 0.1, 1: 0.2, 2: 0.3}, {0: 0.0, 1: 0.0, 2: 0.0}, (f"a{i}", "b")) for i in range(3)]
+    family = [family[0].__class__(**{**family[0].__dict__, "p": p}) for p in (0.01, 0.04, 0.03)]
+    adjusted = [c.p_holm for c in holm(family)]
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06])  # 3*0.01; max(2*0.03, .); max(1*0.04, 0.06)
+    assert [c.verdict() for c in holm(family)] == ["a0 > b", "no difference", "no difference"]
