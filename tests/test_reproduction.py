@@ -136,7 +136,7 @@ def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_
     lines: list[str] = []
     assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=1, say=lines.append) == 0
     assert any(line.startswith("$ python experiments/momentum_ablation.py --preset smoke --momenta 0,0.99")
-               and "--set run.precision=fp32 --set run.threads=1" in line for line in lines)
+               and "--set run.precision=fp32" in line and "--set run.threads=1" in line for line in lines)
     assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=None, say=lines.append) == 0  # the rest
     csv = export(small, Store(uri), tmp_path / "results")
     frame = pd.read_csv(csv, dtype={"arm": str})
