@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import run_concurrently
 
-from mocolab.config import CHOICES, list_presets
+import yaml
+
+from mocolab.config import CHOICES, build_config, list_presets, parse_overrides
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
@@ -61,9 +64,9 @@ def test_readme_blocks_are_valid_as_written(mark, script, n_trains, n_studies):
     for line, res in zip(trains, shown_configs):
         argv = shlex.split(line)[1:]
         assert res.returncode == 0, line + "\n" + res.stderr
-        shown = dict(row.split(" = ", 1) for row in res.stdout.splitlines() if " = " in row)
-        for key, value in (argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set"):
-            assert shown[key].lower() == value.lower(), (key, shown[key], value)
+        shown = {f"{s}.{k}": v for s, sec in yaml.safe_load(res.stdout).items() for k, v in sec.items()}
+        for key, value in parse_overrides([argv[i + 1] for i, a in enumerate(argv) if a == "--set"]).items():
+            assert shown[key] == value, (key, shown[key], value)
     assert usage.returncode == 0, usage.stderr
     usage = usage.stdout
     for line in studies:
@@ -90,3 +93,71 @@ def test_presets_lists_every_preset_with_what_it_is_for():
     assert [line.split()[0] for line in lines[:-1]] == list_presets()
     assert all(len(line.split(None, 1)[1]) >= 20 for line in lines[:-1])
     assert "MoCo v2 on ImageNet" in res.stdout and "--print-config" in lines[-1]
+
+
+def test_print_config_is_yaml_that_config_reads_back_and_set_still_wins(tmp_path):
+    mocolab = str(Path(sys.executable).with_name("mocolab"))
+    first = subprocess.run([mocolab, "train", "--preset", "smoke", "--set", "moco.m=0.9", "--set", "queue.size=512",
+                            "--print-config"], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(first.stdout)
+    again = subprocess.run([mocolab, "train", "--preset", "cpu-quick", "--config", str(mine), "--print-config"],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    body = lambda text: text.split("\n", 1)[1]  # noqa: E731  (less the comment naming the preset given)
+    assert body(again.stdout) == body(first.stdout)
+    assert yaml.safe_load(first.stdout)["moco"]["m"] == 0.9
+    want = build_config("smoke", {"moco.m": 0.9, "queue.size": 512}).to_dict()
+    assert yaml.safe_load(first.stdout) == want
+    over = subprocess.run([mocolab, "train", "--config", str(mine), "--set", "moco.m=0.99", "--print-config"],
+                          capture_output=True, text=True, timeout=120)
+    assert yaml.safe_load(over.stdout)["moco"]["m"] == 0.99
+    # a partial file of the user's: only what it sets changes
+    (tmp_path / "part.yaml").write_text("moco:\n  tau: 0.1\n")
+    part = subprocess.run([mocolab, "train", "--preset", "smoke", "--config", str(tmp_path / "part.yaml"),
+                           "--print-config"], capture_output=True, text=True, timeout=120)
+    assert yaml.safe_load(part.stdout) == build_config("smoke", {"moco.tau": 0.1}).to_dict()
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "is not a file"),
+    ("moco: [1, 2\n", "is not valid YAML"),
+    ("- a\n- b\n", "must map sections to fields"),
+    ("moco:\n  mm: 0.9\n", "unknown config key 'moco.mm'"),
+    ("moco:\n  m: 1.5\n", "moco.m: 1.5 is out of range"),
+])
+def test_a_bad_config_file_is_one_line_naming_the_problem(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    if text is not None:
+        path.write_text(text)
+    for argv in ([str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke"],
+                 [sys.executable, str(Path(__file__).resolve().parents[1] / "experiments" / "momentum_ablation.py"),
+                  "--preset", "smoke"]):
+        res = subprocess.run([*argv, "--config", str(path)], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert message in res.stderr
+
+
+def test_each_named_study_is_also_a_mocolab_subcommand_with_the_scripts_flags(tmp_path):
+    """``mocolab study NAME`` is the script's ``main`` (a pip-installed user has no experiments/ folder)."""
+    from mocolab.studies import STUDIES
+
+    mocolab = str(Path(sys.executable).with_name("mocolab"))
+    repo = Path(__file__).resolve().parents[1]
+    scripts = {"momentum": "momentum_ablation", "queue": "queue_ablation", "augmentation": "augmentation_ablation",
+               "negatives": "negatives_ablation", "vit": "vit_ablation"}
+    assert set(STUDIES) == set(scripts)
+    results = run_concurrently([[mocolab, "study", name, "--help"] for name in STUDIES]
+                               + [[sys.executable, str(repo / "experiments" / f"{scripts[n]}.py"), "--help"]
+                                  for n in STUDIES], timeout=120)
+    for name, ours, script in zip(STUDIES, results[:len(STUDIES)], results[len(STUDIES):]):
+        assert ours.returncode == 0 and script.returncode == 0, (ours.stderr, script.stderr)
+        assert ours.stdout.startswith(f"usage: mocolab study {name} ")
+        flags = lambda text: sorted(set(re.findall(r"(--[a-z][a-z-]+)", text)))  # noqa: E731
+        assert flags(ours.stdout) == flags(script.stdout), name
+    bad = subprocess.run([mocolab, "study", "momentum", "--preset", "smoke", "--momenta", "x"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--momenta" in bad.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -31,16 +31,14 @@ from mocolab.data import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-README_MARK = "<!-- cluster-quickstart: run as written by tests/test_cluster.py -->"
 needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
 
 def readme_cluster_block() -> str:
-    """The bash block that follows README's cluster-quickstart mark, as a user would copy it."""
-    text = (REPO / "README.md").read_text()
-    assert README_MARK in text, "README lost its cluster-quickstart block"
-    m = re.search(r"```bash\n(.*?)```", text[text.index(README_MARK):], re.S)
-    return m.group(1)
+    """The bash block marked cluster-quickstart (docs/cluster.md), as a user would copy it."""
+    from readme_blocks import block
+
+    return block("cluster-quickstart")
 
 
 def repo_copy(dest: Path) -> Path:

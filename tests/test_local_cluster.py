@@ -30,7 +30,6 @@ from test_cluster import repo_copy
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-README_MARK = "<!-- local-cluster: run as written by tests/test_local_cluster.py -->"
 needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 # Each cluster holds several GiB (a node per worker, four trials at once): two at a time ran this 24 GiB
 # machine out of memory, so in a parallel suite they run one after another on one worker.
@@ -39,9 +38,10 @@ needs_postgres = pytest.mark.skipif(find_bindir() is None, reason="PostgreSQL se
 
 
 def readme_block() -> str:
-    text = (REPO / "README.md").read_text()
-    assert README_MARK in text, "README lost its local-cluster block"
-    return re.search(r"```bash\n(.*?)```", text[text.index(README_MARK):], re.S).group(1)
+    """The bash block marked local-cluster (docs/cluster.md), as a user would copy it."""
+    from readme_blocks import block
+
+    return block("local-cluster")
 
 
 def fresh_home() -> Path:

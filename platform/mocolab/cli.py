@@ -8,16 +8,24 @@ import sys
 
 from . import __version__
 from .addresses import check_addresses
-from .config import CHOICES, build_config, list_presets, preset_summary
+from .config import (CHOICES, build_config, config_file_overrides, list_presets, parse_overrides, preset_summary,
+                     to_yaml)
 from .exiting import exit_now
+from .studies import STUDIES
+
+
+def _overrides(args: argparse.Namespace, more: list[str] = ()) -> dict:
+    """--config's fields, then --set's (and ``more``): what build_config applies over the preset."""
+    out = config_file_overrides(args.config) if getattr(args, "config", None) else {}
+    return {**out, **parse_overrides([*(args.set or []), *more])}
 
 
 def _train(args: argparse.Namespace) -> int:
     storage = args.storage or os.environ.get("MOCOLAB_STORAGE")  # a cluster's shared storage, set once per node
-    cfg = build_config(args.preset, (args.set or []) + ([f"run.output_dir={storage}"] if storage else []))
+    cfg = build_config(args.preset, _overrides(args, [f"run.output_dir={storage}"] if storage else []))
     if args.print_config:  # the resolved config, validated, and nothing else: no Ray, no MLflow, no training
-        for key, value in cfg.flatten().items():
-            print(f"{key} = {value}")
+        print(f"# mocolab train --preset {args.preset}: every resolved field; --config FILE reads it back")
+        print(to_yaml(cfg), end="")
         return 0
     if not args.in_process:
         check_addresses(args.tracking_uri)  # before the seconds of importing torch, Ray and MLflow
@@ -162,6 +170,13 @@ def _cluster_parser(sub) -> None:
     cl.set_defaults(func=_cluster)
 
 
+def _study(args: argparse.Namespace) -> int:
+    import importlib
+
+    sys.argv = [f"mocolab study {args.name}"]  # its usage line and its runs' MLflow source name say so
+    return importlib.import_module(f".studies.{args.name}", __package__).main(args.args)
+
+
 def _presets(_args: argparse.Namespace) -> int:
     names = list_presets()
     width = max(map(len, names))
@@ -176,9 +191,10 @@ def _baselines(args: argparse.Namespace) -> int:
 
     if args.seeds < 1:
         raise ValueError(f"--seeds: {args.seeds} must be >= 1")
-    build_config(args.preset, args.set or [])  # bad fields refused before data and models load
+    overrides = [f"{k}={v}" for k, v in _overrides(args).items()]
+    build_config(args.preset, overrides)  # bad fields refused before data and models load
     check_addresses(args.tracking_uri)
-    log_baselines(args.name or args.preset, args.preset, args.set or [],
+    log_baselines(args.name or args.preset, args.preset, overrides,
                   list(range(args.first_seed, args.first_seed + args.seeds)), tracking_uri=args.tracking_uri)
     return 0
 
@@ -187,6 +203,7 @@ def _baselines_parser(sub) -> None:
     bl = sub.add_parser("baselines", help="what a trained encoder must beat: the random-init encoder of each seed "
                         "and a linear probe on raw pixels, scored like a run's final evaluation, logged to MLflow")
     bl.add_argument("--preset", default="cpu-quick", help=f"one of {list_presets()} (default cpu-quick)")
+    bl.add_argument("--config", default=None, metavar="FILE.yaml", help="a config of your own, over --preset")
     bl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     bl.add_argument("--seeds", type=int, default=1, help="seeds (default 1)")
     bl.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed+seeds-1")
@@ -233,12 +250,16 @@ def main(argv: list[str] | None = None) -> int:
                         epilog=f"fields with a fixed set of values (--set KEY=VALUE):\n{choices}\n"
                                f"every field and its value: --print-config")
     tr.add_argument("--preset", default="cpu-quick", help=f"one of {list_presets()} (default cpu-quick)")
+    tr.add_argument("--config", default=None, metavar="FILE.yaml",
+                    help="a config of your own, in the presets' form (what --print-config prints): applied over "
+                         "--preset, under --set")
     tr.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a config field, e.g. --set moco.m=0.9 (repeatable)")
     tr.add_argument("--storage", default=None, metavar="FOLDER_OR_URI",
                     help="where checkpoints live (run.output_dir): a folder, or any URI Ray Train writes to "
                          "(s3://bucket/runs, gs://..., file:///...); default $MOCOLAB_STORAGE, else run.output_dir")
-    tr.add_argument("--print-config", action="store_true", help="print the resolved, validated config and exit without training")
+    tr.add_argument("--print-config", action="store_true",
+                    help="print the resolved, validated config as YAML (--config reads it back) and exit")
     tr.add_argument("--measure-init", action="store_true",
                     help="also score the encoder before training, kNN and linear probe (with --in-process)")
     tr.add_argument("--in-process", action="store_true",
@@ -272,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     ex.set_defaults(func=_export)
     _cluster_parser(sub)
     sub.add_parser("presets", help="list the presets, one line each").set_defaults(func=_presets)
+    st = sub.add_parser("study", help="run a named study as a Ray Tune sweep (the same as experiments/NAME_ablation.py); "
+                        "mocolab study NAME --help lists its flags", add_help=False)
+    st.add_argument("name", choices=STUDIES, help="the study")
+    st.add_argument("args", nargs=argparse.REMAINDER, help="the study's flags (--preset, --seeds, --name, ...)")
+    st.set_defaults(func=_study)
     _baselines_parser(sub)
     _repro_parser(sub)
     args = parser.parse_args(argv)

@@ -316,6 +316,33 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def config_file_overrides(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A YAML config of the user's (``--config my.yaml``), in the presets' form (sections of fields), as
+    ``--set``-style overrides: applied over the preset and under ``--set``.  What ``--print-config`` prints
+    loads back unchanged."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"--config: {str(path)!r} is not a file")
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"--config: {str(path)!r} is not valid YAML ({err})".replace("\n", " ")) from None
+    if not isinstance(raw, Mapping) or not all(isinstance(v, Mapping) for v in raw.values()):
+        raise ValueError(f"--config: {str(path)!r} must map sections to fields, as the presets do "
+                         f"(sections: {list(_SECTION_TYPES)})")
+    out = {f"{section}.{key}": value for section, values in raw.items() for key, value in values.items()}
+    for key in out:  # unknown sections or fields, named with the file
+        section, _, name = key.partition(".")
+        if section not in _SECTION_TYPES or name not in {f.name for f in fields(_SECTION_TYPES[section])}:
+            raise ValueError(f"--config: {str(path)!r}: unknown config key {key!r}")
+    return out
+
+
+def to_yaml(cfg: Config) -> str:
+    """Every resolved field, as YAML that ``--config`` reads back to the same config."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
 def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     new = copy.deepcopy(cfg)
     for key, value in overrides.items():

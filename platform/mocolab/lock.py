@@ -7,7 +7,7 @@ be left behind by a crash.  The file also records who holds it (pid, host,
 command, since when) so that the refused invocation can say so, and so that
 the next holder can say whose lock it took over when the last one died
 without releasing it.  On network file systems without flock support the
-lock degrades to that record alone (documented in README).
+lock degrades to that record alone (documented in docs/training.md).
 """
 
 from __future__ import annotations

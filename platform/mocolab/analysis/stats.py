@@ -53,8 +53,10 @@ class Comparison:
     p_holm: float = math.nan
 
     def verdict(self, alpha: float = 0.05) -> str:
-        """'a > b', 'a < b' or 'no difference' at ``alpha`` after Holm's correction."""
-        if math.isnan(self.p_holm) or self.p_holm >= alpha:
+        """'a > b', 'a < b' or 'no difference' at ``alpha`` after Holm's correction ('not tested' below 2 seeds)."""
+        if math.isnan(self.p_holm):
+            return "not tested (fewer than 2 seeds)"
+        if self.p_holm >= alpha:
             return "no difference"
         return f"{self.a} > {self.b}" if self.diff.mean > 0 else f"{self.a} < {self.b}"
 

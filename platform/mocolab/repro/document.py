@@ -58,6 +58,14 @@ def _diff(c: Comparison) -> str:
     return f"{100 * c.diff.mean:+.2f} [{100 * c.diff.low:+.2f}, {100 * c.diff.high:+.2f}]"
 
 
+def _t(c: Comparison) -> str:
+    return "—" if math.isnan(c.t) else f"{c.t:.2f}"
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
+
+
 def _p(name: str, p: float) -> str:
     text = fmt_p(p)
     return f"{name} {text}" if text.startswith("<") else f"{name} = {text}"
@@ -94,7 +102,6 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
     arms = sorted(arms, key=float)
     init = {m: _by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
     pixels = frame[frame["arm"] == "raw-pixels"]
-    seeds_all = sorted({int(s) for s in frame.loc[~frame["arm"].isin(["raw-pixels"]), "seed"].dropna()})
     rows, head = [], []
     for arm in arms:
         g = frame[frame["arm"] == arm]
@@ -123,16 +130,17 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
               for hi, lo in (*ORDERED, TIED) if f"{hi:g}" in lin and f"{lo:g}" in lin]
     family += [paired(lin[arm], init["linear_top1"], (f"m={arm}", "random-init")) for arm in arms]
     family = holm(family)
-    comp_rows = [f"| {c.a} − {c.b} | {c.n} | {_diff(c)} | {c.t:.2f} | {fmt_p(c.p)} | {fmt_p(c.p_holm)} | "
+    comp_rows = [f"| {c.a} − {c.b} | {c.n} | {_diff(c)} | {_t(c)} | {fmt_p(c.p)} | {fmt_p(c.p_holm)} | "
                  f"{c.verdict(ALPHA)} |" for c in family]
-    claims = _momentum_claims(frame, family, init["linear_top1"])
+    claims = _momentum_claims(frame, family, init["linear_top1"], study.seeds)
 
     figure = _momentum_figure(frame, arms, fig_dir / f"{study.name}.png")
     text = "\n".join([
         f"## {study.title}",
         "",
-        f"Preset `{study.preset}`, m ∈ {{{', '.join(arms)}}}, seeds {', '.join(map(str, seeds_all))} "
-        f"(paired: seed s of every arm starts from the same encoder and sees the same batches). "
+        f"Preset `{study.preset}`, m ∈ {{{', '.join(arms)}}}, seeds 0 to {study.seeds - 1} planned "
+        f"(the table counts those finished; paired: seed s of every arm starts from the same encoder and "
+        f"sees the same batches). "
         f"Fashion-MNIST test split (10,000 images) for every number.",
         "",
         *_provenance(frame),
@@ -165,7 +173,7 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         "",
     ])
     headline = "\n".join([
-        f"Momentum ablation, `{study.preset}` preset, Fashion-MNIST, {len(seeds_all)} seeds "
+        f"Momentum ablation, `{study.preset}` preset, Fashion-MNIST, seeds finished per arm as counted "
         "(top-1 %, mean ± std [95 % interval]; Δ: paired difference from the same seed's random-init encoder):",
         "",
         "| m | seeds | linear | Δ linear | Δ kNN | paper (ImageNet) |",
@@ -175,7 +183,8 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
     return text, headline, figure
 
 
-def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[int, float]) -> list[str]:
+def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[int, float],
+                     planned: int) -> list[str]:
     out = []
     by = {(c.a, c.b): c for c in family}
     zero = frame[(frame["arm"] == "0") & (frame["status"].isin(["finished", "diverged"]))]
@@ -188,6 +197,8 @@ def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[i
         diverged = zero["status"] == "diverged"
         each = [d or (lo and pr and ma) for d, lo, pr, ma in zip(diverged, loss_ok, pretext_ok, margin_ok)]
         verdict = "**reproduced**" if all(each) else "**not reproduced**"
+        if len(each) < planned:
+            verdict += f" so far ({len(each)} of {planned} planned seeds finished)"
         out.append(f"- *m = 0 fails* (defined before the runs: a seed fails when it diverges, or when its final loss is "
                    f"≥ {FAIL_LOSS_FRACTION}·ln(1+K), its pretext accuracy < {100 * FAIL_PRETEXT:.0f} % and its "
                    f"linear probe ≤ its random-init encoder's + {100 * FAIL_MARGIN:.0f} point): {verdict} — "
@@ -198,19 +209,19 @@ def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[i
         if c is None:
             continue
         v = c.verdict(ALPHA)
-        mark = ("**reproduced**" if v == c.a + " > " + c.b else "**reversed**" if v == c.a + " < " + c.b
-                else "**not reproduced** (no significant difference)")
+        mark = ("**not yet tested**" if c.n < 2 else "**reproduced**" if v == c.a + " > " + c.b
+                else "**reversed**" if v == c.a + " < " + c.b else "**not reproduced** (no significant difference)")
         out.append(f"- *m = {lo:g} < m = {hi:g}* (paper: {PAPER_MOMENTUM[lo]} < {PAPER_MOMENTUM[hi]}): {mark} — "
-                   f"m={hi:g} − m={lo:g} = {_diff(c)} points, paired t = {c.t:.2f}, {_p('p', c.p)}, "
-                   f"{_p('Holm p', c.p_holm)}, {c.n} seeds.")
+                   f"m={hi:g} − m={lo:g} = {_diff(c)} points, paired t = {_t(c)}, {_p('p', c.p)}, "
+                   f"{_p('Holm p', c.p_holm)}, {_seeds(c.n)}.")
     hi, lo = TIED
     c = by.get((f"m={hi:g}", f"m={lo:g}"))
     if c is not None:
         v = c.verdict(ALPHA)
-        mark = ("**consistent** (no significant difference)" if v == "no difference"
-                else f"**not reproduced** ({v})")
+        mark = ("**not yet tested**" if c.n < 2 else "**consistent** (no significant difference)"
+                if v == "no difference" else f"**not reproduced** ({v})")
         out.append(f"- *m = {hi:g} ≈ m = {lo:g}* (paper: {PAPER_MOMENTUM[hi]} vs {PAPER_MOMENTUM[lo]}): {mark} — "
-                   f"{_diff(c)} points, paired t = {c.t:.2f}, {_p('Holm p', c.p_holm)}, {c.n} seeds.")
+                   f"{_diff(c)} points, paired t = {_t(c)}, {_p('Holm p', c.p_holm)}, {_seeds(c.n)}.")
     return out
 
 

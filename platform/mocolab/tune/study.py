@@ -33,6 +33,8 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
                                                 f"(default {default_name}-<preset>-s<first seed>)")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    p.add_argument("--config", default=None, metavar="FILE.yaml",
+                   help="a config of your own in the presets' form, applied to every trial over --preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field in every trial, e.g. --set optim.epochs=5")
     p.add_argument("--workers-per-trial", type=int, default=1, help="Ray Train workers per trial (default 1)")
@@ -66,13 +68,26 @@ def seeds_of(args: argparse.Namespace) -> list[int]:
     return list(range(args.first_seed, args.first_seed + args.seeds))
 
 
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    """--config's fields, then --set's: applied to every trial over the preset (and recorded as the
+    sweep's settings, so a resume with another file is refused by name)."""
+    from ..config import config_file_overrides
+
+    return {**(config_file_overrides(args.config) if args.config else {}), **parse_overrides(args.set)}
+
+
 def make_sweep(args: argparse.Namespace, study: str, description: str, trials: list[Trial],
                **search: Any) -> Sweep:
     """The Sweep the common flags describe; ``search`` passes a search's fields (``search="optuna"``,
     ``search_space``, ``scheduler``, ``metric``, ``num_samples``, ``seeds``) through."""
     name = args.name or f"{args.default_name}-{args.preset}-s{args.first_seed}"
+    try:
+        overrides = overrides_of(args)
+    except ValueError as err:  # a bad --set or --config: one line and exit 2, as for any other bad input
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     return Sweep(study=study, name=name, preset=args.preset, description=description,
-                 base_overrides=parse_overrides(args.set), trials=trials,
+                 base_overrides=overrides, trials=trials,
                  workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
                  gpus_per_worker=args.gpus_per_worker, max_concurrent=args.max_concurrent,
                  tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after,

@@ -1,0 +1,61 @@
+"""Queue-size ablation: accuracy against the number of negatives K (MoCo paper, Figure 3).
+
+    python experiments/queue_ablation.py --preset cpu-quick --samples 6        # Optuna search + ASHA
+    python experiments/queue_ablation.py --preset cpu-quick --grid --seeds 2    # every K
+    mocolab study queue --preset smoke                      # the same, from an installed mocolab
+"""
+
+import sys
+
+from ..config import build_config
+from ..tune import Trial
+from ..tune.study import make_sweep, overrides_of, run_study, seeds_of, study_parser
+
+
+def queue_sizes(preset: str, overrides: dict) -> list[int]:
+    """Powers of two times the global batch, below half the training set (K well below N)."""
+    cfg = build_config(preset, overrides)
+    b, n = cfg.optim.batch_size, cfg.train_size or 0
+    return [b * 2 ** i for i in range(0, 20) if b * 2 ** i <= n // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = study_parser(__doc__.splitlines()[0], "queue")
+    p.add_argument("--grid", action="store_true", help="every queue size instead of a search")
+    p.add_argument("--samples", type=int, default=6, help="search mode: trials Optuna samples (default 6)")
+    args = p.parse_args(argv)
+    try:
+        seeds, sizes = seeds_of(args), queue_sizes(args.preset, overrides_of(args))  # --config's and --set's
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.grid:
+        trials = [Trial(f"K={k} seed={s}", {"queue.size": k, "run.seed": s}) for k in sizes for s in seeds]
+        sweep = make_sweep(args, "queue-ablation", f"queue size grid K in {sizes}, seeds {seeds}", trials)
+    else:
+        sweep = make_sweep(args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on kNN top-1", [],
+                           search="optuna", search_space={"queue.size": sizes}, scheduler="asha",
+                           metric="knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
+
+    def report(out_dir, trials_df):
+        from ..analysis import fmt_mean_std, line_plot, summarise
+
+        table = summarise(trials_df, "queue.size")
+        lines = [f"{'K':>7} {'trials':>6} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'staleness':>9} "
+                 f"{'status':>10}"]
+        for _, r in table.iterrows():
+            lines.append(f"{int(r['queue.size']):>7} {r.trials:>6} {r.seeds:>5} "
+                         f"{fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
+                         f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {r.max_staleness:>9.0f} {r.status:>10}")
+        if (table["repeats"] > 0).any():
+            lines.append("A search may sample one K twice: repeats of a seed are one measurement (mean over "
+                         "distinct seeds), not more seeds.")
+        ok = table.dropna(subset=["knn_top1_mean"])
+        figure = None
+        if not ok.empty:
+            figure = line_plot(ok, "queue.size", "queue size K (log scale)", "Queue-size ablation",
+                               out_dir / "queue.png")
+        return "\n".join(lines), figure, table
+
+    return run_study(sweep, report)
+
