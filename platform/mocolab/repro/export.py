@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..tracking import PARENT_TAG, STATUS_TAG, Store, trials_frame
+from ..tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
 from .baselines import EXPERIMENT as BASELINES, KIND_TAG, SET_TAG
 from .plan import Study
 
@@ -39,7 +39,7 @@ def _order(col: pd.Series) -> pd.Series:
 
 def _common(run) -> dict:
     tags = run.data.tags
-    return {"commit": tags.get("mlflow.source.git.commit", "")[:12], "dirty": tags.get("mocolab.source.git.dirty", ""),
+    return {"commit": tags.get("mlflow.source.git.commit", "")[:12], "dirty": tags.get(DIRTY_TAG, ""),
             "precision": tags.get("mocolab.precision", ""), "torch": tags.get("mocolab.torch", ""),
             "device": tags.get("mocolab.device", ""), "run_id": run.info.run_id}
 

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 import yaml
 
+from .source import DIRTY_TAG
 from .store import Store
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in logs and tests
@@ -163,7 +164,7 @@ def _readme(run, enc_uri: str, metrics: dict, config: dict, has_classifier: bool
         "",
         f"MLflow run `{run.info.run_id}` (experiment {run.info.experiment_id}), model `{enc_uri}`, "
         f"code {tags.get('mlflow.source.git.commit', 'unknown')}"
-        + (" with uncommitted changes" if tags.get("mocolab.source.git.dirty") == "true" else "") + ".",
+        + (" with uncommitted changes" if tags.get(DIRTY_TAG) == "true" else "") + ".",
         "",
         f"Trained by MoCo (m = {moco.get('m')}, tau = {moco.get('tau')}, K = {config.get('queue', {}).get('size')}) "
         f"on {data.get('name')} for {optim.get('epochs')} epochs"
