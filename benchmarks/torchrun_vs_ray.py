@@ -10,9 +10,15 @@ steps as a trial does at each epoch end (torchrun: ``torch.save`` to a
 folder; Ray Train: ``ray.train.report`` with the checkpoint, which Ray
 copies to the run's storage). Each rank gets ``cores / W`` threads in both.
 
-Printed per arm: time to the first step (launcher start to rank 0's first
-step done: interpreters, process group, data, models), steps/s over the
-timed steps, and Ray Train's per-step overhead against torchrun.
+Each launcher runs twice: with the checkpoints, and without any (``--report-every``
+steps apart, then none), which separates what the checkpoint hand-off costs
+from what the launcher's own processes cost. Printed per arm: time to the
+first step (launcher start to rank 0's first step done: interpreters,
+process group, data, models), steps/s over the timed steps, the per-step
+overhead against torchrun with the same checkpoints, and the CPU the
+launcher's own processes used while the ranks stepped (torchrun's agent;
+Ray's driver, GCS, raylet and agents), in cores: on a machine whose cores
+the ranks fill, that CPU is taken from them.
 """
 
 from __future__ import annotations
@@ -33,17 +39,18 @@ sys.path.insert(0, str(HERE))
 import _ddp_steps  # noqa: E402
 
 
-def torchrun_arm(args: argparse.Namespace, out: Path) -> dict:
-    env = {**os.environ, "LAUNCH_T": repr(time.time()), "OMP_NUM_THREADS": str(args.threads)}
+def torchrun_arm(args: argparse.Namespace, out: Path, report_every: int) -> dict:
+    env = {**os.environ, "LAUNCH_T": repr(time.time()), "OMP_NUM_THREADS": str(args.threads),
+           "LAUNCHER_PID": str(os.getpid())}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers}",
            str(HERE / "_ddp_steps.py"), "--preset", args.preset, "--steps", str(args.steps), "--warmup",
-           str(args.warmup), "--report-every", str(args.report_every), "--threads", str(args.threads),
+           str(args.warmup), "--report-every", str(report_every), "--threads", str(args.threads),
            "--out", str(out / "torchrun.json"), *[w for kv in args.set for w in ("--set", kv)]]
     subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
     return json.loads((out / "torchrun.json").read_text())
 
 
-def ray_arm(args: argparse.Namespace, out: Path) -> dict:
+def ray_arm(args: argparse.Namespace, out: Path, report_every: int) -> dict:
     launch = time.time()
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -57,8 +64,9 @@ def ray_arm(args: argparse.Namespace, out: Path) -> dict:
         trainer = TorchTrainer(
             lambda config: _ddp_steps.run(**config),
             train_loop_config={"preset": args.preset, "steps": args.steps, "warmup": args.warmup,
-                               "report_every": args.report_every, "threads": args.threads, "overrides": args.set,
-                               "out": str(out / "ray.json"), "launch_t": launch, "ray": True},
+                               "report_every": report_every, "threads": args.threads, "overrides": args.set,
+                               "out": str(out / "ray.json"), "launch_t": launch, "launcher_pid": os.getpid(),
+                               "ray": True},
             scaling_config=ScalingConfig(num_workers=args.workers, resources_per_worker={"CPU": args.threads}),
             run_config=RunConfig(name="torchrun-vs-ray", storage_path=str(out / "storage")))
         trainer.fit()
@@ -85,13 +93,18 @@ def main() -> None:
           f"({torch.backends.cpu.get_cpu_capability()}); preset {args.preset}, W = {args.workers} (gloo), "
           f"{args.threads} thread(s) a rank, {args.steps} steps timed after {args.warmup}, a checkpoint every "
           f"{args.report_every}")
-    with tempfile.TemporaryDirectory() as tmp:
-        results = {"torchrun + DDP": torchrun_arm(args, Path(tmp)), "Ray Train": ray_arm(args, Path(tmp))}
-    base = results["torchrun + DDP"]["steps_per_s"]
-    print(f"{'arm':16s} {'to first step s':>16s} {'steps/s':>8s} {'per-step overhead':>18s}")
-    for name, r in results.items():
-        print(f"{name:16s} {r['first_step_s']:16.1f} {r['steps_per_s']:8.3f} "
-              f"{100 * (base / r['steps_per_s'] - 1):+17.1f}%")
+    rows = []
+    for every, what in ((args.report_every, f"checkpoint every {args.report_every}"), (0, "no checkpoint")):
+        with tempfile.TemporaryDirectory() as tmp:
+            torchrun = torchrun_arm(args, Path(tmp), every)
+        with tempfile.TemporaryDirectory() as tmp:
+            on_ray = ray_arm(args, Path(tmp), every)
+        rows += [("torchrun + DDP", what, torchrun, torchrun), ("Ray Train", what, on_ray, torchrun)]
+    print(f"{'arm':16s} {'checkpoints':22s} {'to first step s':>16s} {'steps/s':>8s} {'per-step overhead':>18s} "
+          f"{'launcher CPU, cores':>20s}")
+    for name, what, r, base in rows:
+        print(f"{name:16s} {what:22s} {r['first_step_s']:16.1f} {r['steps_per_s']:8.3f} "
+              f"{100 * (base['steps_per_s'] / r['steps_per_s'] - 1):+17.1f}% {r['others_cpu_per_s']:20.3f}")
 
 
 if __name__ == "__main__":

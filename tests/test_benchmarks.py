@@ -58,6 +58,9 @@ def test_readme_benchmark_line_runs_as_written(script):
 TIME_OVERRIDES = {
     "trial_overhead.py": ("--steps 2 --warmup 1 --set data.subset=1024 --set queue.size=256 --set eval.knn_bank=512 "
                           "--set eval.linear_train=512 --set eval.linear_steps=5", [r"not training: [\d.]+%"]),
+    "probe_layout.py": ("--seeds 1 --set data.subset=2048 --set queue.size=256 --set eval.linear_steps=5",
+                        [r"init, seed 0\s+float32\s+[\d.]+\s+[\d.]+\s+[\d.]+", r"raw pixels\s+float64(\s+[\d.+-]+x?){7}",
+                         r"speed-up of the probe's fit, median over 4 fits: [\d.]+x"]),
     "eval_precision.py": ("--seeds 1 --steps 0 --set eval.linear_train=1024 --set eval.linear_steps=5",
                           [r"over 1 encoders: at most \d+ kNN and \d+ linear-probe test images"]),
     "sweep_overhead.py": ("--trials 1 --set data.subset=512 --set queue.size=256 --set optim.max_steps=2 "
@@ -67,7 +70,11 @@ TIME_OVERRIDES = {
     "oversubscription.py": ("--steps 4 --repeats 1", [r"2 at once, default threads\s+[\d.]+ s\s+[\d.]+x",
                                                       r"each pinned to its cores\s+[\d.]+ s"]),
     "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024 --set queue.size=256",
-                           [r"torchrun \+ DDP\s+[\d.]+\s+[\d.]+", r"Ray Train\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%"]),
+                           [r"torchrun \+ DDP\s+checkpoint every 1\s+[\d.]+\s+[\d.]+",
+                            r"Ray Train\s+no checkpoint\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%\s+[\d.]+"]),
+    "stream_decode.py": ("--images 128 --sizes 64 --repeats 1",
+                         [r"stream as it is: reduced-scale, batched\s+\d+\s+\d+\s+[\d.]+x",
+                          r"ImageFolder \+ DataLoader\(\d+ workers\)\s+\d+\s+\d+\s+[\d.]+x"]),
 }
 
 

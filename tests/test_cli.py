@@ -161,3 +161,25 @@ def test_each_named_study_is_also_a_mocolab_subcommand_with_the_scripts_flags(tm
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--momenta" in bad.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_and_eval_say_what_they_take():
+    sweep, evaluate = run_concurrently([[sys.executable, "-m", "mocolab", "sweep", "--help"],
+                                        [sys.executable, "-m", "mocolab", "eval", "--help"]], timeout=120)
+    assert sweep.returncode == 0 and evaluate.returncode == 0, sweep.stderr + evaluate.stderr
+    # the sweep takes every flag of the named studies, and its own
+    for flag in ("--grid", "--search", "--samples", "--seeds", "--stop-after", "--register", "--watch", "--set"):
+        assert flag in sweep.stdout, flag
+    assert "RUN_ID|MODEL_URI|EXPORT_DIR" in evaluate.stdout and "synthetic" in evaluate.stdout
+    unknown = _run(sys.executable, "-m", "mocolab", "train", "--no-such-flag")
+    assert unknown.returncode == 2 and "unrecognized arguments: --no-such-flag" in unknown.stderr
+
+
+def test_a_diverged_training_is_not_the_bad_input_exit_status(tmp_path):
+    """Divergence is a result of the settings, not a mistake in the command: exit 3, never 2."""
+    res = subprocess.run([sys.executable, "-m", "mocolab", "train", "--preset", "smoke", "--in-process",
+                          "--set", "optim.lr=1e6", "--set", "optim.schedule=constant", "--set", "moco.tau=0.01",
+                          "--set", "data.subset=512", "--set", "queue.size=256", "--set", "optim.max_steps=16"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "training diverged after" in res.stderr

@@ -217,7 +217,8 @@ TAKES_ZERO = {"augment.jitter", "model.hidden", "moco.m", "bank.negatives", "opt
               "optim.weight_decay", "eval.knn_every", "eval.linear_wd", "eval.drift_probes", "run.seed",
               "run.num_workers", "run.threads", "run.gpus_per_worker", "run.checkpoint_every",
               "run.system_metrics_s", "run.max_failures", "run.fault_step", "vit.patch_size", "vit.depth",
-              "vit.heads", "vit.mlp_ratio", "bank.momentum", "queue.size"}
+              "vit.heads", "vit.mlp_ratio", "bank.momentum", "queue.size", "data.max_bad_fraction",
+              "data.val_size"}
 
 
 @pytest.mark.parametrize("preset", list_presets())

@@ -303,9 +303,9 @@ def test_validation_counts_the_images_the_loader_decodes(tmp_path):
     assert count_images(str(tmp_path / "nope")) is None
 
 
-def test_imagefolder_skips_corrupt_files_and_converts_16_bit_and_palette(tmp_path):
-    """Unreadable files are skipped with a count and their names (documented choice); 16-bit and palette
-    images become correct 8-bit RGB."""
+def test_imagefolder_names_corrupt_files_and_converts_16_bit_and_palette(tmp_path):
+    """Unreadable files are named and keep their rows (zeros, a negative label naming the file), so positions
+    agree with the streaming index; 16-bit and palette images become correct 8-bit RGB."""
     import numpy as np
     from PIL import Image
 
@@ -319,10 +319,13 @@ def test_imagefolder_skips_corrupt_files_and_converts_16_bit_and_palette(tmp_pat
         pal.save(d / "palette.png")
         (d / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
         (d / "empty.jpg").write_bytes(b"")
-    with pytest.warns(UserWarning, match=r"skipped 2 unreadable file\(s\) \(train/a/broken.png, train/a/empty.jpg\)"):
+    with pytest.warns(UserWarning, match=r": 2 unreadable file\(s\) \(train/a/broken.png, train/a/empty.jpg\)"):
         train = load_dataset("imagefolder", "train", str(tmp_path), image_size=8)
-    assert len(train) == 2 and train.skipped == ("train/a/broken.png", "train/a/empty.jpg")
-    grey, palette = train.images[0], train.images[1]
+    assert len(train) == 4 and train.skipped == ("train/a/broken.png", "train/a/empty.jpg")
+    assert train.labels.tolist() == [-1, -2, 0, 0] and train.unreadable_rows.tolist() == [True, True, False, False]
+    assert train.unreadable_names() == ["train/a/broken.png", "train/a/empty.jpg"]
+    assert not train.images[:2].any()
+    grey, palette = train.images[2], train.images[3]
     assert (grey == 128).all()
     assert palette[:, 4, 4].tolist() == [10, 200, 30]
 
@@ -448,3 +451,55 @@ def test_image_dataset_validates_layout():
         ImageDataset(
             images=torch.zeros(2, 1, 4, 4, dtype=torch.uint8), labels=torch.zeros(3, dtype=torch.int64), classes=2, name="x"
         )
+
+
+def _photo_like_jpeg(w: int = 500, h: int = 375, seed: int = 0) -> bytes:
+    """Smooth shading, hard-edged shapes and a little grain: what the decoders are compared on."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    gen = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([xx * 255 / w, yy * 255 / h, (xx + yy) * 127 / (w + h) + 64], axis=-1)
+    img = Image.fromarray((base + gen.normal(0, 4, base.shape)).clip(0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(12):
+        x0, y0 = int(gen.integers(0, w - 40)), int(gen.integers(0, h - 40))
+        draw.ellipse([x0, y0, x0 + int(gen.integers(20, 120)), y0 + int(gen.integers(20, 120))],
+                     fill=tuple(int(c) for c in gen.integers(0, 256, 3)))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def test_reduced_scale_decode_stays_close_to_the_full_size_decode():
+    """The loaders' decoder (DCT scaling, resize on uint8) against every pixel decoded and resized in float."""
+    from mocolab.image_index import dct_scale, decode_bytes, decode_bytes_full
+
+    assert [dct_scale(500, 375, s) for s in (224, 160, 112, 64, 32)] == [1, 2, 2, 4, 8]
+    assert dct_scale(2000, 1500, 224) == 4 and dct_scale(100, 80, 224) == 1  # a small file is enlarged, never reduced
+    for seed in range(3):
+        data = _photo_like_jpeg(seed=seed) if seed != 2 else _photo_like_jpeg(375, 500, seed)  # and a portrait
+        for size in (224, 112, 64):
+            fast, full = decode_bytes(data, size), decode_bytes_full(data, size)
+            assert fast.shape == full.shape == (3, size, size) and fast.dtype == torch.uint8 and fast.is_contiguous()
+            diff = (fast.float() - full.float()).abs()
+            assert diff.mean() < 1.0, (seed, size, float(diff.mean()))  # of 255; a one-pixel shift is 2 to 5
+            assert (diff > 32).float().mean() < 0.01, (seed, size)  # no region decoded wrong, only edges resampled
+
+
+def test_decoders_read_png_and_grayscale_jpeg_alike():
+    import io
+
+    from PIL import Image
+
+    from mocolab.image_index import decode_bytes, decode_bytes_full
+
+    grey = Image.fromarray(np.tile(np.arange(0, 250, 2, dtype=np.uint8), (100, 1)))
+    for fmt in ("PNG", "JPEG"):
+        buf = io.BytesIO()
+        grey.save(buf, fmt)
+        fast, full = decode_bytes(buf.getvalue(), 32), decode_bytes_full(buf.getvalue(), 32)
+        assert fast.shape == (3, 32, 32) and torch.equal(fast[0], fast[1]) and torch.equal(fast[1], fast[2])
+        assert (fast.float() - full.float()).abs().max() <= 2, fmt

@@ -385,16 +385,16 @@ def test_a_sweep_resumed_with_other_settings_is_refused(tmp_path):
 
 # ----------------------------------------------------------------------------------- 6. MLflow outage
 
-@pytest.mark.slow
-@needs_fmnist
-def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_returns(tmp_path, free_port):
-    port = free_port()
-    server = start_mlflow_server(tmp_path, port)
-    uri = f"http://127.0.0.1:{port}"
-    cmd = [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke", "--tracking-uri", uri,
-           "--set", "data.subset=4096", "--set", "optim.epochs=8", "--set", "eval.knn_test=1000",
-           "--set", "eval.linear_steps=20", "--set", "run.name=outage", "--set", "run.experiment=faults",
-           "--set", f"run.output_dir={tmp_path / 'runs'}"]
+def _outage_command(tmp_path, uri: str, name: str, epochs: int) -> list[str]:
+    return [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke", "--tracking-uri", uri,
+            "--set", "data.subset=4096", "--set", f"optim.epochs={epochs}", "--set", "eval.knn_test=1000",
+            "--set", "eval.linear_steps=20", "--set", f"run.name={name}", "--set", "run.experiment=faults",
+            "--set", f"run.output_dir={tmp_path / 'runs'}"]
+
+
+def _train_through_an_outage(tmp_path, port: int, server, cmd: list[str], back_at_epoch: int | None):
+    """Run ``cmd``; stop the MLflow server once epoch 1 is printed and, with ``back_at_epoch``, start it again
+    when that epoch is printed. (exit code, everything printed, the server now running or None)."""
     train = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     seen: list[str] = []
@@ -404,18 +404,29 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
             if line.startswith("epoch   1"):
                 break
         stop_mlflow_server(server)  # the store goes away while training runs
-        for line in train.stdout:
-            seen.append(line)
-            if line.startswith("epoch   3"):
-                break
-        server = start_mlflow_server(tmp_path, port)  # ... and comes back before the end
+        server = None
+        if back_at_epoch is not None:
+            for line in train.stdout:
+                seen.append(line)
+                if line.startswith(f"epoch {back_at_epoch:3d}"):
+                    break
+            server = start_mlflow_server(tmp_path, port)  # ... and comes back before the end
         rest, _ = train.communicate(timeout=1800)
         seen.append(rest)
     finally:
         if train.poll() is None:
             train.kill()
-    out = "".join(seen)
-    assert train.returncode == 0, out[-4000:]
+    return train.returncode, "".join(seen), server
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_returns(tmp_path, free_port):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    code, out, server = _train_through_an_outage(tmp_path, port, start_mlflow_server(tmp_path, port),
+                                                 _outage_command(tmp_path, uri, "outage", 8), back_at_epoch=3)
+    assert code == 0, out[-4000:]
     assert "cannot log to the tracking store" in out and "answers again" in out, out[-4000:]
     client = MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("faults").experiment_id])[0]
@@ -424,6 +435,40 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
     assert steps == [32 * e for e in range(1, 9)], steps  # every epoch, none lost, none twice
     assert "linear_top1" in run.data.metrics
     stop_mlflow_server(server)
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_store_still_down_at_the_end_keeps_the_metrics_and_the_same_command_sends_them(tmp_path, free_port):
+    """The server goes away after the first epoch and is not back when training ends: one line says what is
+    kept and how to finish (no traceback); once it is back, the same command sends every epoch and closes."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    cmd = _outage_command(tmp_path, uri, "late-outage", 4)
+    code, out, _ = _train_through_an_outage(tmp_path, port, start_mlflow_server(tmp_path, port), cmd,
+                                            back_at_epoch=None)
+    assert code == 1, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    kept = tmp_path / "runs" / "late-outage" / "unsent_metrics.json"
+    assert kept.is_file() and str(kept) in out, out[-4000:]
+    assert "did not answer at the end of run 'late-outage'" in out and "run the same command" in out
+    server = start_mlflow_server(tmp_path, port)
+    try:
+        again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
+        assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+        assert "sent the metrics an earlier attempt kept" in again.stdout
+        assert not kept.exists()
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss"))
+        assert steps == [32 * e for e in range(1, 5)], steps  # every epoch, none lost, none twice
+        for key in ("lr", "pretext_acc", "knn_top1"):  # the other metrics of each epoch too
+            history = client.get_metric_history(runs[0].info.run_id, key)
+            assert sorted({m.step for m in history}) == steps, (key, history)
+        assert "linear_top1" in runs[0].data.metrics
+    finally:
+        stop_mlflow_server(server)
 
 
 # ----------------------------------------------------------------------------------- disk full, train CLI

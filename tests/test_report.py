@@ -278,3 +278,87 @@ def test_a_runs_dictionary_plot_draws_ages_and_drift_per_epoch(tmp_path):
     path = dictionary_plot({"age_histogram": {"edges": [0, 2, 4], "counts": [2, 2]}}, drift,
                            tmp_path / "d.png", "queue", fifo_bound=4)
     assert png_size(path) == (1320, 462)
+
+
+def _leaderboard_store(uri: str) -> dict[str, str]:
+    """Two studies' trials, a transfer test of one of them, and the baselines of two settings, logged by
+    mocolab's own code: which baseline stands beside which encoder depends on how each was scored."""
+    from mocolab.repro.baselines import KIND_TAG, SET_TAG
+    from mocolab.tracking import Store
+    from mocolab.transfer import SOURCE_EXPERIMENT_TAG, SOURCE_RUN_TAG
+
+    _fill(uri, "momentum-ablation", [(m, 0, "finished") for m in (0.9, 0.99)] + [(0.0, 0, "diverged")])
+    _fill(uri, "queue-ablation", [(0.999, 0, "finished")])
+    client = MlflowClient(uri)
+    runs = {r.data.tags["trial"] + " " + e: r for e in ("momentum-ablation", "queue-ablation")
+            for r in client.search_runs([client.get_experiment_by_name(e).experiment_id]) if "trial" in r.data.tags}
+    store = Store(uri)
+    for name, overrides, kind, linear in (("smoke", {}, "random-init", 0.70), ("smoke", {}, "raw-pixels", 0.74),
+                                          ("other", {"eval.knn_k": 20}, "random-init", 0.10)):
+        cfg = build_config("smoke", overrides)
+        exp = store.experiment_id("baselines", create=True)
+        run = client.create_run(exp, tags={KIND_TAG: kind, SET_TAG: name, "mocolab.status": "finished"})
+        store.log_params(run.info.run_id, cfg.flatten())
+        client.log_metric(run.info.run_id, "linear_top1", linear)
+        client.log_metric(run.info.run_id, "knn_top1", linear - 0.1)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    source = runs["m=0.99 seed=0 momentum-ablation"]
+    cfg = build_config("smoke", {"data.name": "synthetic"})
+    tracker = RunTracker(uri, "transfer")
+    rid, _ = tracker.start("eval", cfg.flatten(), cfg.to_dict(), tags={
+        SOURCE_RUN_TAG: source.info.run_id, SOURCE_EXPERIMENT_TAG: "momentum-ablation"})
+    MetricsLogger(uri, rid).log_final({"linear_top1": 0.5, "knn_top1": 0.4}, 1)
+    tracker.finish()
+    return {"best": runs["m=0.999 seed=0 queue-ablation"].info.run_id, "source": source.info.run_id,
+            "diverged": runs["m=0 seed=0 momentum-ablation"].info.run_id, "eval": rid}
+
+
+def test_leaderboard_ranks_encoders_across_experiments_beside_their_baselines(tmp_path):
+    from mocolab.leaderboard import build_leaderboard, write_leaderboard
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ids = _leaderboard_store(uri)
+    board = build_leaderboard(tracking_uri=uri)
+    fm = board.table[board.table["data_name"] == "fashion-mnist"]
+    # the best first, across both studies; the diverged trial is no encoder
+    assert list(fm["run_id"])[0] == ids["best"] and ids["diverged"] not in set(board.table["run_id"])
+    assert list(fm["rank"]) == [1, 2, 3] and list(fm["experiment"]) == ["queue-ablation", "momentum-ablation",
+                                                                      "momentum-ablation"]
+    assert fm["score"].is_monotonic_decreasing
+    # the baselines scored as they were (the smoke set), not the set scored with another kNN k
+    assert fm["random_init"].tolist() == pytest.approx([0.70] * 3) and fm["raw_pixels"].tolist() == pytest.approx([0.74] * 3)
+    assert fm["delta"].tolist() == pytest.approx((fm["score"] - 0.70).tolist())
+    # the transfer test ranks on its own data, and names the run its encoder came from
+    syn = board.table[board.table["data_name"] == "synthetic"]
+    assert list(syn["run_id"]) == [ids["eval"]] and list(syn["source_run"]) == [ids["source"]]
+    assert syn["random_init"].isna().all()  # no baseline was scored on synthetic data
+    text = board.text()
+    assert "fashion-mnist" in text and "synthetic" in text and f"{ids['source'][:8]} (momentum-ablation)" in text
+    assert "baseline random-init 'other'" in text  # listed under its data set, not beside any encoder
+    page = write_leaderboard(board, tmp_path / "lb")
+    assert ids["best"] in page.read_text() and (tmp_path / "lb" / "leaderboard.csv").is_file()
+    by_knn = build_leaderboard("knn_top1", top=1, experiment="momentum-ablation", tracking_uri=uri)
+    assert list(by_knn.table["run_id"]) == [ids["source"]]
+
+
+def test_leaderboard_command_line(tmp_path, capsys):
+    from mocolab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["report", "--leaderboard", "--tracking-uri", uri]) == 1  # an empty store: no encoder yet
+    assert "no finished run with linear_top1" in capsys.readouterr().out
+    ids = _leaderboard_store(uri)
+    assert main(["report", "--leaderboard", "--out", str(tmp_path / "lb"), "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert ids["best"][:8] in out and f"leaderboard: {tmp_path / 'lb' / 'leaderboard.html'}" in out
+    with pytest.raises(SystemExit) as bad_choice:  # argparse refuses it, with status 2 as every bad input
+        main(["report", "--leaderboard", "--metric", "loss", "--tracking-uri", uri])
+    assert bad_choice.value.code == 2 and "invalid choice: 'loss'" in capsys.readouterr().err
+    for argv, message in ((["--top", "0"], "--top: 0 must be >= 1"),
+                          (["--experiment", "nope"], "no experiment 'nope'"),
+                          (["--watch"], "--watch applies to one sweep's report")):
+        assert main(["report", "--leaderboard", *argv, "--tracking-uri", uri]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["report", "--out", str(tmp_path / "x"), "--tracking-uri", uri]) == 2
+    assert "--experiment required (or --leaderboard" in capsys.readouterr().err
+

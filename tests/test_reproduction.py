@@ -143,3 +143,51 @@ def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_
     assert sorted(frame["arm"]) == ["0", "0.99", "random-init", "raw-pixels"]
     assert set(frame["status"]) == {"finished"} and set(frame["precision"]) == {"fp32"}
     assert (frame.loc[frame["arm"] == "0", "linear_top1"] > 0.1).all()
+
+
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def closing(signum, _frame):
+    with out.open("a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+    time.sleep(0.5)  # closing its runs takes a while: the parent must wait for it
+    with out.open("a") as f:
+        f.write("closed\\n")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, closing)
+signal.signal(signal.SIGINT, closing)
+out.write_text("started\\n")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to repro", "Ctrl-C to the terminal's process group"])
+def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path, how):
+    """The study runs as a child of ``mocolab repro``: stopping the parent must not leave it training."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "child.py").write_text(CHILD)
+    log = tmp_path / "child.log"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from mocolab.repro.run import call_passing_signals; "
+         f"sys.exit(call_passing_signals([sys.executable, 'child.py', {str(log)!r}], Path({str(tmp_path)!r})))"],
+        start_new_session=True)  # its own group: the test's "terminal"
+    deadline = time.monotonic() + 30
+    while not (log.is_file() and log.read_text().startswith("started")):
+        assert time.monotonic() < deadline and parent.poll() is None, "the study never started"
+        time.sleep(0.05)
+    if how == "SIGTERM to repro":
+        parent.send_signal(signal.SIGTERM)
+        expected = signal.SIGTERM
+    else:
+        os.killpg(parent.pid, signal.SIGINT)
+        expected = signal.SIGINT
+    assert parent.wait(timeout=30) == 128 + expected
+    # the child got the signal once, closed, and the parent waited for it
+    assert log.read_text().splitlines() == ["started", expected.name, "closed"]

@@ -29,45 +29,44 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if not args.in_process:
         check_addresses(args.tracking_uri)  # before the seconds of importing torch, Ray and MLflow
-    if args.in_process:
-        from .loop import run_training  # imported late: torch start-up is not needed for --help
+    from .api import train
 
-        result = run_training(cfg, measure_init=args.measure_init)
-        diverged, steps, loss = result.diverged, result.steps, result.final_loss
+    if args.in_process:
+        out = train(cfg, in_process=True, measure_init=args.measure_init)
     else:
-        if not args.verbose:  # before Ray is imported: its driver reads this once
-            os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", QUIET_RAY_LINES)
         from .interrupts import closing_on_signals, exit_code
-        from .tracking import resolve_tracking_uri
-        from .train import fit
 
         with closing_on_signals():
             try:
-                out = fit(cfg, tracking_uri=args.tracking_uri, ray_train_info=args.verbose)
+                out = train(cfg, tracking_uri=args.tracking_uri, ray_train_info=args.verbose)
             except KeyboardInterrupt as err:
                 print(f"interrupted: run '{cfg.run_name}' is marked interrupted in MLflow; the same command "
                       f"resumes it from its latest checkpoint", file=sys.stderr)
                 return exit_code(err)
-        diverged, steps, loss = out.status == "diverged", out.steps, out.final_loss
         print(f"run '{out.run_name}' {out.status}: linear top-1 {_pct(out.linear_top1)}, kNN top-1 "
               f"{_pct(out.knn_top1)}; MLflow run {out.mlflow_run_id}")
         if out.mlflow_run_id:
-            from .tracking import Store, run_link, ui_advice
-
-            exp_id = Store(args.tracking_uri).client.get_run(out.mlflow_run_id).info.experiment_id
-            command, base = ui_advice(resolve_tracking_uri(args.tracking_uri))
-            link = run_link(exp_id, out.mlflow_run_id, base)
-            print(f"open the MLflow UI with: {command}, then {link}" if command
-                  else f"open the run in the MLflow server's UI: {link}")
+            _print_run_link(out.mlflow_run_id, args.tracking_uri)
+    diverged, steps, loss = out.status == "diverged", out.steps, out.final_loss
     if diverged:
         print(f"training diverged after {steps} steps (final loss {loss})", file=sys.stderr)
-        return 2
+        return DIVERGED
     return 0
 
 
-# Ray Train's placement-group cleaner asks the state API, which a local Ray without its dashboard does not
-# serve, and says so every few seconds; the line changes nothing, so `mocolab train` hides it (not --verbose).
-QUIET_RAY_LINES = "Failed to query Ray Train Controller actor state"
+# `mocolab train`'s exit statuses: 0 finished, 1 failed (or MLflow unreachable at the end), 2 bad input,
+# 3 diverged (a result, not a mistake in the command), 128+N stopped by signal N
+DIVERGED = 3
+
+
+def _print_run_link(run_id: str, tracking_uri: str | None) -> None:
+    from .tracking import Store, resolve_tracking_uri, run_link, ui_advice
+
+    exp_id = Store(tracking_uri).client.get_run(run_id).info.experiment_id
+    command, base = ui_advice(resolve_tracking_uri(tracking_uri))
+    link = run_link(exp_id, run_id, base)
+    print(f"open the MLflow UI with: {command}, then {link}" if command
+          else f"open the run in the MLflow server's UI: {link}")
 
 
 def _pct(x: float | None) -> str:
@@ -75,6 +74,12 @@ def _pct(x: float | None) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.leaderboard:
+        return _leaderboard(args)
+    missing = [flag for flag, value in (("--experiment", args.experiment), ("--out", args.out)) if not value]
+    if missing:
+        raise ValueError(f"report: {' and '.join(missing)} required (or --leaderboard: the best encoders of "
+                         f"every experiment)")
     from .report import build_report, watch_report
 
     if args.interval < 1:
@@ -92,6 +97,88 @@ def _report(args: argparse.Namespace) -> int:
     print(rep.message)
     print(f"report: {rep.html}" + (f" ({len(rep.figures)} plots)" if rep.figures else ""))
     return 0 if rep.trials else 1
+
+
+def _leaderboard(args: argparse.Namespace) -> int:
+    given = [flag for flag, value in (("--parent-run", args.parent_run), ("--watch", args.watch)) if value]
+    if given:
+        raise ValueError(f"--leaderboard: ranks whole experiments; {' and '.join(given)} "
+                         f"{'apply' if len(given) > 1 else 'applies'} to one sweep's report")
+    from .leaderboard import build_leaderboard, write_leaderboard
+
+    board = build_leaderboard(args.metric, top=args.top, experiment=args.experiment, tracking_uri=args.tracking_uri)
+    print(board.text())
+    if args.out:
+        print(f"leaderboard: {write_leaderboard(board, args.out, args.ui_url)}")
+    return 0 if not board.table.empty else 1
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .api import evaluate
+    from .transfer import check_request
+
+    overrides = parse_overrides(args.set or [])
+    check_request(args.data, overrides)  # before torch and MLflow load: a bad --data or --set is refused at once
+    check_addresses(args.tracking_uri)
+    res = evaluate(args.source, args.data, overrides, tracking_uri=args.tracking_uri, experiment=args.experiment)
+    print(f"'{res.encoder.label}' on {args.data}: linear top-1 {_pct(res.linear_top1)}, kNN top-1 "
+          f"{_pct(res.knn_top1)}; MLflow run {res.run_id} in experiment '{args.experiment}'")
+    _print_run_link(res.run_id, args.tracking_uri)
+    return 0
+
+
+def _eval_parser(sub) -> None:
+    from .choices import DATASETS
+    from .transfer import EXPERIMENT
+
+    ev = sub.add_parser("eval", help="kNN and linear probe of a trained encoder on any supported data set (a "
+                        "transfer test), logged as an MLflow run tagged with the source run")
+    ev.add_argument("source", metavar="RUN_ID|MODEL_URI|EXPORT_DIR",
+                    help="an MLflow run id, a models:/ URI (logged model or registered version), or a folder "
+                         "`mocolab export` wrote")
+    ev.add_argument("--data", required=True, metavar="NAME", help=f"the data set: one of {list(DATASETS)}")
+    ev.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="a data.*, eval.* or run.seed/device/precision/threads field, e.g. --set data.root=DIR "
+                         "(repeatable; the rest are the source run's)")
+    ev.add_argument("--experiment", default=EXPERIMENT, help=f"MLflow experiment of the evaluation run "
+                    f"(default {EXPERIMENT})")
+    ev.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    ev.set_defaults(func=_eval)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .api import sweep
+    from .tune.grid import EXPERIMENT
+    from .tune.search import SCHEDULERS, SEARCHERS
+    from .tune.study import seeds_of, study_parser
+
+    sys.argv = ["mocolab sweep"]  # its usage line and its runs' MLflow source name say so
+    p = study_parser("a Ray Tune sweep over any config fields: every point of --grid for each seed (or a search "
+                     "over the grid's values), a parent MLflow run with one child run per trial", "sweep")
+    p.prog = "mocolab sweep"
+    p.add_argument("--grid", action="append", required=True, metavar="FIELD=V1,V2",
+                   help="a config field and its values, e.g. --grid moco.tau=0.07,0.2 (repeatable: the product)")
+    p.add_argument("--search", default="grid", choices=SEARCHERS,
+                   help="grid: every point; optuna or random: --samples trials per seed sample the grid's values")
+    p.add_argument("--samples", type=int, default=None, help="trials a search samples per seed (with --search)")
+    p.add_argument("--scheduler", default="fifo", choices=SCHEDULERS, help="asha: stop a search's poor trials early")
+    p.add_argument("--metric", default="val_knn_top1",
+                   help="what a search maximises, on the validation split (data.val_size; default val_knn_top1, "
+                        "every epoch)")
+    p.add_argument("--experiment", default=EXPERIMENT, help=f"MLflow experiment (default {EXPERIMENT})")
+    a = p.parse_args(args.args)
+    if a.search == "grid" and a.samples is not None:
+        raise ValueError("--samples: applies to --search optuna or random; a grid runs every point")
+    seeds = seeds_of(a)
+    res = sweep(a.grid, preset=a.preset, seeds=len(seeds), first_seed=a.first_seed, overrides=a.set,
+                config_file=a.config, name=a.name, experiment=a.experiment, search=a.search,
+                samples=a.samples or 1, scheduler=a.scheduler, metric=a.metric,
+                workers_per_trial=a.workers_per_trial, cpus_per_worker=a.cpus_per_worker,
+                gpus_per_worker=a.gpus_per_worker, max_concurrent=a.max_concurrent, tracking_uri=a.tracking_uri,
+                storage=a.storage, stop_after=a.stop_after, register=a.register, register_metric=a.register_metric,
+                verbose=a.verbose, watch_s=a.watch)
+    return res.code
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -271,9 +358,11 @@ def main(argv: list[str] | None = None) -> int:
                          "warnings")
     tr.set_defaults(func=_train)
     rp = sub.add_parser("report", help="draw an ablation report (PNG + HTML) from an MLflow experiment or sweep")
-    rp.add_argument("--experiment", required=True, help="MLflow experiment, e.g. momentum-ablation")
+    rp.add_argument("--experiment", default=None, help="MLflow experiment, e.g. momentum-ablation (with "
+                    "--leaderboard: rank this one only)")
     rp.add_argument("--parent-run", default=None, help="only the trials of this sweep (parent run id)")
-    rp.add_argument("--out", required=True, help="folder for report.html and the PNGs")
+    rp.add_argument("--out", default=None, help="folder for report.html and the PNGs (--leaderboard: "
+                    "leaderboard.html and .csv)")
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     rp.add_argument("--ui-url", default="http://127.0.0.1:5000", help="MLflow UI address for the run links")
@@ -281,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the report current while trials run (the page reloads itself); ends when nothing "
                          "runs (with --parent-run: when the sweep has ended)")
     rp.add_argument("--interval", type=int, default=30, help="seconds between rewrites with --watch (default 30)")
+    rp.add_argument("--leaderboard", action="store_true",
+                    help="the best encoders of every experiment per data set, with their source runs, key config "
+                         "fields and the baselines scored the same way")
+    rp.add_argument("--metric", default="linear_top1", choices=["linear_top1", "knn_top1"],
+                    help="what --leaderboard ranks by (default linear_top1)")
+    rp.add_argument("--top", type=int, default=10, help="encoders per data set on --leaderboard (default 10)")
     rp.set_defaults(func=_report)
     ex = sub.add_parser("export", help="write a finished run's encoder (backbone weights, torch.export programs), "
                         "config, metrics and a README to a folder; optionally register it")
@@ -298,14 +393,30 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("name", choices=STUDIES, help="the study")
     st.add_argument("args", nargs=argparse.REMAINDER, help="the study's flags (--preset, --seeds, --name, ...)")
     st.set_defaults(func=_study)
+    sw = sub.add_parser("sweep", help="a Ray Tune sweep over any config fields (--grid FIELD=V1,V2 ...), with the "
+                        "named studies' parent/child runs, resume, report and exit codes; mocolab sweep --help "
+                        "lists its flags", add_help=False)
+    sw.set_defaults(func=_sweep)  # its flags are parsed by _sweep (argparse hands over what it does not know)
+    _eval_parser(sub)
     _baselines_parser(sub)
     _repro_parser(sub)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "sweep":
+        args.args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args)
     except ValueError as err:  # configuration mistakes: one clear line, no traceback
         print(f"mocolab: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # a store that did not answer at the end: what is kept, and how to finish
+        from .tracking import TrackingUnreachable
+
+        if not isinstance(err, TrackingUnreachable):
+            raise
+        print(f"mocolab: {err}", file=sys.stderr)
+        return 1
 
 
 def entry() -> None:

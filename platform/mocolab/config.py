@@ -51,6 +51,10 @@ class DataConfig:
     loader: str = "auto"  # memory | stream | auto: memory when the decoded set fits memory_budget_mb (sources.py)
     memory_budget_mb: int = 4096  # per worker, for data.loader=auto
     stream_tasks: int = 2  # streaming: decode tasks in flight per worker (Ray Data map tasks)
+    max_bad_fraction: float = 0.01  # undecodable images a split may hold before a run refuses (sources.py)
+    # training images held out as the validation split (the same ones for every seed and subset; in-memory
+    # sets): never trained on; the per-epoch monitor and model selection read it, the test split only the end
+    val_size: int = 0
 
 
 @dataclass
@@ -193,8 +197,10 @@ class Config:
             n = count_images(d.root, "train", d.name)
         else:
             n = TRAIN_SIZES.get(d.name)
-        if n is not None and d.subset is not None:
-            n = min(n, d.subset)
+        if n is not None:
+            n = max(n - d.val_size, 0)
+            if d.subset is not None:
+                n = min(n, d.subset)
         return n
 
     @property
@@ -482,6 +488,11 @@ def validate(cfg: Config) -> Config:
     _range("data.synthetic_size", d.synthetic_size, 2, 1_000_000)
     _range("data.memory_budget_mb", d.memory_budget_mb, 1)
     _range("data.stream_tasks", d.stream_tasks, 1, 64)
+    _range("data.max_bad_fraction", d.max_bad_fraction, 0.0, 1.0)
+    _range("data.val_size", d.val_size, 0, 10_000_000)
+    if d.val_size and cfg.train_size == 0:
+        raise ValueError(f"data.val_size: {d.val_size} holds out every training image; allowed: fewer than the "
+                         f"training set")
     if d.loader == "stream" and d.name not in STREAMABLE:
         raise ValueError(f"data.loader: 'stream' reads {' or '.join(STREAMABLE)} sets, not {d.name!r} "
                          f"(which is decoded into memory): use data.loader=memory or auto")
@@ -591,6 +602,7 @@ LATER_DEFAULTS: dict[str, Any] = {
     "moco.version": "v2", "moco.m_schedule": "constant", "optim.name": "sgd", "optim.scale_lr": False,
     "optim.warmup_epochs": 0.0, "vit.patch_size": 0, "vit.depth": 0, "vit.freeze_patch_embed": False,
     "moco.negatives": "queue", "bank.negatives": 0, "bank.momentum": 0.5, "eval.drift_probes": 256,
+    "data.max_bad_fraction": 0.01, "data.val_size": 0,
 }
 
 
@@ -603,7 +615,8 @@ def _later_default(key: str, value: Any) -> bool:
 RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.placement", "run.output_dir",
                     "run.keep_checkpoints", "run.checkpoint_every", "run.system_metrics_s", "run.step_metrics_every",
                     "run.fault_step", "run.preset", "run.name",
-                    "data.loader", "data.memory_budget_mb", "data.stream_tasks")  # how, not what, is read
+                    "data.loader", "data.memory_budget_mb", "data.stream_tasks",
+                    "data.max_bad_fraction")  # how, not what, is read
 
 
 def identity(flat: Mapping[str, Any]) -> dict[str, str]:

@@ -35,11 +35,13 @@ __all__ = [
     "count_images",
     "default_data_root",
     "fashion_mnist_dir",
+    "fill_unreadable",
     "iterate_batches",
     "rank_positions",
     "load_dataset",
     "read_idx",
     "skipped_message",
+    "unreadable_label",
 ]
 
 # The data sets, their training-set sizes and native image sides: in choices.py, which config reads without torch.
@@ -76,10 +78,10 @@ class ImageDataset:
     """
 
     images: torch.Tensor  # uint8, N×C×H×W, contiguous
-    labels: torch.Tensor  # int64, N
+    labels: torch.Tensor  # int64, N; negative for a file that could not be decoded (``unreadable_label``)
     classes: int
     name: str
-    skipped: tuple[str, ...] = ()  # files the loader could not decode (imagefolder): reported, not trained on
+    skipped: tuple[str, ...] = ()  # files the loader could not decode (imagefolder, parquet), in file order
 
     def __post_init__(self) -> None:
         # Checked here once so every consumer (augmentation, all_gather, kNN
@@ -106,6 +108,26 @@ class ImageDataset:
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
+
+    @property
+    def unreadable_rows(self) -> torch.Tensor:
+        """Bool mask of the rows whose file could not be decoded (their pixels are zeros)."""
+        return self.labels < 0
+
+    def unreadable_names(self) -> list[str]:
+        """The names of this set's unreadable rows, in file order (a subset's own, not the whole split's)."""
+        codes = sorted({int(c) for c in self.labels[self.unreadable_rows].tolist()}, reverse=True)
+        return [self.skipped[-1 - c] for c in codes]
+
+
+def unreadable_label(k: int) -> int:
+    """The label of the row of ``skipped[k]``: negative, so it is never a class, and it names its file.
+
+    An unreadable file keeps its row, so that positions (and with them every epoch's order, a subset,
+    a memory bank) agree with the streaming loader's file index, which cannot know in advance which
+    files are damaged; its name travels in the label because a row subset keeps only images and labels.
+    """
+    return -1 - k
 
 
 # --------------------------------------------------------------------------- paths
@@ -425,56 +447,30 @@ def count_images(root: str | os.PathLike[str] | None, split: str = "train", name
 
 
 @functools.lru_cache(maxsize=8)
-def _load_imagefolder_cached(root: str, split: str, image_size: int) -> ImageDataset:
-    """The folder decoded whole: the file list and the decoder the streaming loader uses (image_index.py),
-    with unreadable files left out (here nothing needs a batch to keep its length)."""
-    from .image_index import build_index, decode_file
-
-    index = build_index("imagefolder", root, split, image_size)
-    images: list[torch.Tensor] = []
-    labels: list[int] = []
-    skipped: list[str] = []
-    for ref, label in zip(index.refs, index.labels.tolist()):
-        try:
-            images.append(decode_file(ref, image_size))
-        except Exception:  # noqa: BLE001 - torchvision raises RuntimeError for bad data
-            skipped.append(str(Path(ref).relative_to(root)))  # a corrupt file in a million is not fatal
-            continue
-        labels.append(label)
-    folder_name = index.folder
-    if not images:
-        raise ValueError(
-            f"data.root: imagefolder {root!r} holds no readable images ({', '.join(IMAGE_EXTENSIONS)}) "
-            f"under {folder_name}/<class>/" + (f"; {skipped_message(skipped)}" if skipped else "")
-        )
-    if skipped:
-        warnings.warn(f"data.root: imagefolder {root!r} ({folder_name}/): {skipped_message(skipped)}", stacklevel=2)
-    return ImageDataset(
-        images=torch.stack(images).contiguous(),
-        labels=torch.tensor(labels, dtype=torch.int64),
-        classes=index.classes,
-        name="imagefolder",
-        skipped=tuple(skipped),
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def _load_parquet_cached(root: str, split: str, image_size: int) -> ImageDataset:
-    """A parquet set decoded whole (data.loader=memory): the decoder the streaming loader uses."""
+def _load_indexed_cached(name: str, root: str, split: str, image_size: int) -> ImageDataset:
+    """An imagefolder or parquet split decoded whole: the file index and the decoder the streaming loader
+    uses (image_index.py), every file in its place; an unreadable one is a zero row with a negative label
+    (``unreadable_label``), reported here and by the run (sources.py), never silently dropped."""
     from .image_index import build_index, decode
 
-    index = build_index("parquet", root, split, image_size)
-    images, skipped = decode(index.refs, image_size)
+    index = build_index(name, root, split, image_size)
+    images, bad = decode(index.refs, image_size, threads=torch.get_num_threads())
+    skipped = [index.short_name(index.refs[i]) for i in bad.nonzero().flatten().tolist()]
+    labels = torch.from_numpy(index.labels.copy())
+    labels[bad] = torch.tensor([unreadable_label(k) for k in range(len(skipped))], dtype=torch.int64)
+    if len(skipped) == len(index):
+        what = f"readable images ({', '.join(IMAGE_EXTENSIONS)})" if name == "imagefolder" else "readable images"
+        raise ValueError(f"data.root: {name} {root!r} holds no {what} under {index.folder}/: "
+                         f"{skipped_message(skipped)}")
     if skipped:
-        warnings.warn(f"data.root: parquet {root!r} ({split}): {skipped_message(skipped)}", stacklevel=2)
-    return ImageDataset(images=images, labels=torch.from_numpy(index.labels), classes=index.classes,
-                        name="parquet", skipped=tuple(skipped))
+        warnings.warn(f"data.root: {name} {root!r} ({index.folder}/): {skipped_message(skipped)}", stacklevel=2)
+    return ImageDataset(images=images, labels=labels, classes=index.classes, name=name, skipped=tuple(skipped))
 
 
 def skipped_message(skipped: list[str] | tuple[str, ...], show: int = 3) -> str:
-    """'skipped 12 unreadable files (a.jpg, b.png, c.jpg, ...)': what a run prints about its data."""
+    """'12 unreadable file(s) (a.jpg, b.png, c.jpg, ...)': what a run prints about its data."""
     more = ", ..." if len(skipped) > show else ""
-    return f"skipped {len(skipped)} unreadable file(s) ({', '.join(skipped[:show])}{more})"
+    return f"{len(skipped)} unreadable file(s) ({', '.join(skipped[:show])}{more})"
 
 
 def _to_uint8(img: torch.Tensor) -> torch.Tensor:
@@ -556,8 +552,10 @@ def load_dataset(
     - ``imagefolder``: ``root`` is ImageNet-style (``train/<class>/*``,
       ``val/<class>/*``; split ``test`` reads ``val/`` when there is no
       ``test/``). Images are decoded to RGB and resized (shorter side, then a
-      centre crop) to ``image_size`` (default 64). Everything is held in
-      memory: streaming folders too big for that is a later issue.
+      centre crop) to ``image_size`` (default 64). ``parquet``: the same from
+      rows of ``root/<split>/*.parquet``. A file that cannot be decoded keeps
+      its row, zeros with a negative label (``unreadable_label``), and is named
+      in ``skipped``.
     - ``synthetic``: generated from ``seed`` (the test split uses a different
       stream and a quarter of ``synthetic_size``), for tests and smoke runs.
 
@@ -581,13 +579,13 @@ def load_dataset(
     if name == "imagefolder":
         check_readable(name, None if root is None else str(root))
         assert root is not None  # check_readable raised otherwise
-        resolved = str(Path(root).expanduser().resolve())
-        return _load_imagefolder_cached(resolved, split, image_size or DEFAULT_IMAGEFOLDER_SIZE)
+        return _load_indexed_cached(name, str(Path(root).expanduser().resolve()), split,
+                                    image_size or DEFAULT_IMAGEFOLDER_SIZE)
 
     if name == "parquet":
         check_readable(name, None if root is None else str(root))
         assert root is not None
-        return _load_parquet_cached(str(Path(root).expanduser().resolve()), split,
+        return _load_indexed_cached(name, str(Path(root).expanduser().resolve()), split,
                                     image_size or DEFAULT_IMAGEFOLDER_SIZE)
 
     if root is not None:
@@ -685,6 +683,8 @@ def iterate_batches(
     it for single-process evaluation that must see every sample.
 
     ``start`` skips the first global batches without indexing them: a run restarted mid-epoch.
+    An unreadable row (negative label) is replaced in its batch as ``fill_unreadable`` says; its label
+    stays negative.
     """
     _check_batching(batch_size, rank, world_size)
     n = len(dataset)
@@ -693,9 +693,33 @@ def iterate_batches(
     full = n // global_batch
     for b in range(start, full):
         idx = rank_positions(perm, b, batch_size, rank, world_size)
-        yield dataset.images[idx], dataset.labels[idx], idx
+        yield _batch(dataset, idx)
     tail = perm[full * global_batch :]
     if not drop_last and tail.numel() > 0:
         idx = torch.tensor_split(tail, world_size)[rank]
         if idx.numel() > 0:
-            yield dataset.images[idx], dataset.labels[idx], idx
+            yield _batch(dataset, idx)
+
+
+def _batch(dataset: ImageDataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    labels = dataset.labels[idx]
+    return fill_unreadable(dataset.images[idx], labels < 0), labels, idx
+
+
+def fill_unreadable(images: torch.Tensor, unreadable: torch.Tensor) -> torch.Tensor:
+    """The batch with each unreadable image replaced by the batch's previous readable one (the next one for
+    those before the first): the rule both loaders follow, so their batches agree image for image.
+
+    A batch keeps its length because every rank must step equally often with equal shapes; the
+    stand-in is counted and reported (sources.py), and a set damaged beyond ``data.max_bad_fraction``
+    is refused."""
+    unreadable = torch.as_tensor(unreadable, dtype=torch.bool)
+    if not bool(unreadable.any()):
+        return images
+    readable = (~unreadable).nonzero().flatten()
+    if readable.numel() == 0:
+        raise ValueError(f"data: none of the {len(images)} images of a batch could be decoded; the set is "
+                         f"damaged beyond use (data.max_bad_fraction bounds how much damage a run accepts)")
+    position = torch.arange(len(images))
+    source = torch.where(unreadable, torch.full_like(position, -1), position).cummax(0).values
+    return images[torch.where(source < 0, readable[0], source)]

@@ -12,19 +12,23 @@ Two sources hold large sets:
   column and the footers only.
 
 ``decode`` turns a list of references into one uint8 batch at the preset's
-size (shorter side resized, centre crop), as the in-memory loader does, so the
-two loaders give the same pixels. Pure Python and torch: no Ray here.
+size (shorter side resized, centre crop) and says which could not be decoded;
+both loaders decode through it, so they give the same pixels. A JPEG much
+larger than the target is decoded at reduced scale (``dct_scale``). Pure
+Python and torch: no Ray here.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import os
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -43,9 +47,14 @@ class ImageIndex:
     classes: int
     image_size: int
     channels: int = 3
+    root: str = ""  # data.root: names in reports are relative to it
 
     def __len__(self) -> int:
         return len(self.refs)
+
+    def short_name(self, ref: str) -> str:
+        """``train/n01440764/x.jpg``, ``train/part-0.parquet#0#3``: a reference as a report names it."""
+        return os.path.relpath(ref, self.root) if self.root else ref
 
     def decoded_bytes(self) -> int:
         """What holding the whole split decoded as uint8 would take."""
@@ -122,37 +131,103 @@ def build_index(name: str, root: str, split: str, image_size: int) -> ImageIndex
         where = f"{folder.name}/<class>/" if name == "imagefolder" else f"{folder.name}/"
         raise ValueError(f"data.root: {name} {root!r} holds no {what} under {where}")
     return ImageIndex(name, split, folder.name, tuple(refs), np.asarray(labels, dtype=np.int64), n_classes,
-                      image_size)
+                      image_size, root=root)
 
 
-def _decode_bytes(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+JPEG_MAGIC = b"\xff\xd8\xff"
+DCT_SCALES = (8, 4, 2)  # the reductions libjpeg decodes to directly, from the coefficients
+Decoder = Callable[[bytes, int], torch.Tensor]
+
+
+def _buffer(data: bytes | np.ndarray | torch.Tensor) -> torch.Tensor:
+    return data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _cover(w: int, h: int, size: int) -> tuple[int, int]:
+    """(width, height) with the shorter side at ``size`` and the aspect ratio kept: what the centre crop cuts."""
+    scale = size / min(h, w)
+    return max(size, round(w * scale)), max(size, round(h * scale))
+
+
+def dct_scale(w: int, h: int, size: int) -> int:
+    """How much smaller than stored a JPEG of w×h may be decoded and still cover ``size``: 8, 4, 2 or 1.
+
+    libjpeg then skips most of the inverse DCT and the colour conversion of the pixels the resize
+    would throw away (a 500×375 file decodes to 125×94 for 64 px), and the decoded image still covers
+    the target, so the resize that follows only shrinks it."""
+    cover_w, cover_h = _cover(w, h, size)
+    fits = min(w // cover_w, h // cover_h)
+    return next((s for s in DCT_SCALES if s <= fits), 1)
+
+
+def _decode_jpeg(data: bytes, size: int) -> torch.Tensor:
+    """A JPEG at the smallest DCT scale that still covers ``size``; at full size through torchvision's
+    decoder (the faster of the two there) when no reduction fits."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:  # reads the header only
+        w, h = im.size
+        scale = dct_scale(w, h, size)
+        if scale > 1:
+            im.draft("RGB", (-(-w // scale), -(-h // scale)))
+            arr = np.array(im.convert("RGB"))  # a writable copy, as torch.from_numpy wants
+            return torch.from_numpy(arr).permute(2, 0, 1)  # 3×H×W over H×W×3 memory: the uint8 resize's fast case
+    return _decode_full(data)
+
+
+def _decode_full(data: bytes | np.ndarray | torch.Tensor) -> torch.Tensor:
     from torchvision.io import ImageReadMode, decode_image
 
-    from .data import _resize_uint8, _to_uint8
+    from .data import _to_uint8
 
-    buf = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.29's codecs still work
-        img = decode_image(buf, mode=ImageReadMode.RGB)
+        img = decode_image(_buffer(data), mode=ImageReadMode.RGB)
     if img.ndim == 4:  # animated GIF: first frame
         img = img[0]
-    return _resize_uint8(_to_uint8(img).unsqueeze(0), size)[0]
+    return _to_uint8(img)
 
 
-def decode_file(path: str, size: int) -> torch.Tensor:
-    """One image file as uint8 3×size×size; raises what the codec raises for a file it cannot read."""
+def _cover_crop(img: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 C×H×W to C×size×size: shorter side resized (bilinear, antialiased, on uint8), centre crop."""
+    h, w = img.shape[-2:]
+    cover_w, cover_h = _cover(w, h, size)
+    if (cover_h, cover_w) != (h, w):
+        img = torch.nn.functional.interpolate(img.unsqueeze(0), size=(cover_h, cover_w), mode="bilinear",
+                                              align_corners=False, antialias=True)[0]
+    top, left = (cover_h - size) // 2, (cover_w - size) // 2
+    return img[:, top:top + size, left:left + size].contiguous()
+
+
+def decode_bytes(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+    """One encoded image as uint8 3×size×size (shorter side resized, centre crop): the decoder both loaders use.
+
+    A JPEG at least twice the target on its shorter side is decoded at reduced scale (``dct_scale``);
+    the rest at full size. The resize runs on uint8 (torch's vectorised kernel), not on a float copy.
+    Raises what the codec raises for bytes it cannot read (truncated, empty, not an image)."""
+    raw = bytes(data.numpy()) if isinstance(data, torch.Tensor) else bytes(data)
+    return _cover_crop(_decode_jpeg(raw, size) if raw[:3] == JPEG_MAGIC else _decode_full(raw), size)
+
+
+def decode_bytes_full(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+    """As ``decode_bytes``, every image decoded at full size and resized in float: slower, and the
+    reference the fast decoder is held to (tests) and timed against (benchmarks/stream_decode.py)."""
+    from .data import _resize_uint8
+
+    return _resize_uint8(_decode_full(data).unsqueeze(0), size)[0]
+
+
+def decode_file(path: str, size: int, decoder: Decoder = decode_bytes) -> torch.Tensor:
+    """One image file as uint8 3×size×size; raises what reading or the codec raises for a file it cannot read."""
     with open(path, "rb") as fh:
-        return _decode_bytes(fh.read(), size)
+        return decoder(fh.read(), size)
 
 
-def decode(refs: Sequence[str], size: int) -> tuple[torch.Tensor, list[str]]:
-    """uint8 len(refs)×3×size×size in the order of ``refs``, and the references that could not be decoded.
-
-    An unreadable image is replaced by the batch's previous (or next) readable one, so a batch keeps its
-    length: every rank must step the same number of times with the same batch shape.
-    """
-    out: list[torch.Tensor | None] = [None] * len(refs)
-    bad: list[str] = []
+def _encoded(refs: Sequence[str]) -> Iterator[tuple[int, bytes | None]]:
+    """(position, encoded bytes) of every reference, parquet rows grouped so each row group is read once;
+    None where a file cannot be read."""
     by_group: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     for i, ref in enumerate(refs):
         if "#" in ref:
@@ -160,9 +235,10 @@ def decode(refs: Sequence[str], size: int) -> tuple[torch.Tensor, list[str]]:
             by_group[(file, int(group))].append((i, int(row)))
             continue
         try:
-            out[i] = decode_file(ref, size)
-        except Exception:  # noqa: BLE001 - a corrupt file in a million is not fatal
-            bad.append(ref)
+            with open(ref, "rb") as fh:
+                yield i, fh.read()
+        except OSError:
+            yield i, None
     if by_group:
         import pyarrow.parquet as pq
 
@@ -171,20 +247,39 @@ def decode(refs: Sequence[str], size: int) -> tuple[torch.Tensor, list[str]]:
             pf = files.setdefault(file, pq.ParquetFile(file))
             column = pf.read_row_group(group, columns=["image"]).column("image")
             for i, row in rows:
-                try:
-                    out[i] = _decode_bytes(column[row].as_py(), size)
-                except Exception:  # noqa: BLE001
-                    bad.append(refs[i])
-    good = [t for t in out if t is not None]
-    if not good:
-        raise ValueError(f"none of {len(refs)} images could be decoded (first: {refs[0]})")
-    last = good[0]
-    for i, t in enumerate(out):
-        if t is None:
-            out[i] = last
-        else:
-            last = t
-    return torch.stack(out), bad  # type: ignore[arg-type]
+                yield i, column[row].as_py()
+
+
+def decode(refs: Sequence[str], size: int, decoder: Decoder = decode_bytes,
+           threads: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 len(refs)×3×size×size in the order of ``refs``, and a bool mask of those that could not be read
+    or decoded (zeros there): the caller decides what stands in for them (data.fill_unreadable).
+
+    ``threads`` > 1 decodes on a thread pool (the codecs and the resize release the GIL): the in-memory
+    loader, which decodes a whole split in one process."""
+    out = torch.zeros(len(refs), 3, size, size, dtype=torch.uint8)
+    bad = torch.zeros(len(refs), dtype=torch.bool)
+
+    def one(item: tuple[int, bytes | None]) -> None:
+        i, data = item
+        try:
+            if data is None:
+                raise OSError("unreadable file")
+            out[i] = decoder(data, size)
+        except Exception:  # noqa: BLE001 - a damaged file is counted and reported by the caller, not fatal here
+            bad[i] = True
+
+    items = _encoded(refs)
+    if threads <= 1:
+        for item in items:
+            one(item)
+        return out, bad
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        while chunk := list(itertools.islice(items, 64 * threads)):  # a few encoded files in memory at a time
+            list(pool.map(one, chunk))
+    return out, bad
 
 
 def write_parquet(images: torch.Tensor, labels: torch.Tensor | np.ndarray, out_file: str | Path, *,

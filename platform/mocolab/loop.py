@@ -31,7 +31,7 @@ from .norm import convert_global_bn
 from .optimizers import build_optimizer
 from .schedule import lr_at, momentum_at
 from .vit import PatchGradNorm
-from .sources import STREAMABLE, MemorySource, TrainSource, subset_positions
+from .sources import STREAMABLE, MemorySource, TrainSource, subset_positions, validation_positions
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
 # a uniform guess, so 10× that is far outside anything training produces.
@@ -46,7 +46,7 @@ class EpochRecord:
     lr: float
     m: float
     pretext_acc: float
-    knn_top1: float | None
+    knn_top1: float | None  # the test split's, at the end only when a validation split is held out
     images_per_s: float
     staleness_mean: float
     staleness_max: float
@@ -62,6 +62,7 @@ class EpochRecord:
     stored_cos: float | None = None
     # the epoch's dictionary diagnostics in full (age histogram, every probe's age and cosines): an artifact
     diagnostics: dict = field(default_factory=dict)
+    val_knn_top1: float | None = None  # the monitor on the validation split (data.val_size), what a search reads
 
     def metrics(self) -> dict[str, float]:
         """Numeric fields for a metrics logger (None-valued monitors, per-step series and diagnostics left out)."""
@@ -112,6 +113,17 @@ class TrainResult:
     knn_top1_init: float | None = None
     probe: ProbeResult | None = None  # the final linear probe, weights included (rank 0 of a finished run)
     linear_top1_init: float | None = None
+    val_linear_top1: float | None = None  # on the validation split (data.val_size): what model selection reads
+    val_knn_top1: float | None = None
+
+
+@dataclass
+class FinalScores:
+    """The end of a run: kNN and the probe on the test split, and on the validation split where there is one."""
+    knn: float
+    probe: ProbeResult
+    val_knn: float | None = None
+    val_linear: float | None = None
 
 
 def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
@@ -123,12 +135,28 @@ def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
     return datasets.ImageDataset(ds.images[idx], ds.labels[idx], ds.classes, ds.name, ds.skipped)
 
 
-def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset]:
+def hold_out(ds: datasets.ImageDataset, n: int) -> tuple[datasets.ImageDataset, datasets.ImageDataset | None]:
+    """(training set, validation split): ``data.val_size`` images held out before any subset is taken."""
+    if not n:
+        return ds, None
+    held = torch.from_numpy(validation_positions(len(ds), n))
+    keep = torch.ones(len(ds), dtype=torch.bool)
+    keep[held] = False
+
+    def part(idx: torch.Tensor) -> datasets.ImageDataset:
+        return datasets.ImageDataset(ds.images[idx], ds.labels[idx], ds.classes, ds.name, ds.skipped)
+
+    return part(keep.nonzero().squeeze(1)), part(held)
+
+
+def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset, datasets.ImageDataset | None]:
+    """(train, test, validation split or None) as the config asks: the validation split is held out of the
+    whole training set, then ``data.subset`` is taken from what is left."""
     d = cfg.data
     kwargs = dict(synthetic_size=d.synthetic_size, image_size=d.image_size, seed=cfg.run.seed)
-    train = datasets.load_dataset(d.name, "train", d.root, **kwargs)
+    train, val = hold_out(datasets.load_dataset(d.name, "train", d.root, **kwargs), d.val_size)
     test = datasets.load_dataset(d.name, "test", d.root, **kwargs)
-    return _subset(train, d.subset), test
+    return _subset(train, d.subset), test, val
 
 
 @dataclass
@@ -164,9 +192,15 @@ class Trainer:
             if cfg.data.loader == "stream" and (train is None or test is None):
                 raise ValueError("data.loader: 'stream' reads through Ray Data, which a run without Ray "
                                  "(--in-process) does not start; drop --in-process, or use data.loader=memory")
+            val = None
             if train is None or test is None:
-                train, test = load_data(cfg)
-            source = MemorySource(train, test)
+                train, test, val = load_data(cfg)
+            elif cfg.data.val_size:
+                train, val = hold_out(train, cfg.data.val_size)
+            source = MemorySource(train, test, max_bad_fraction=cfg.data.max_bad_fraction, val=val)
+        elif cfg.data.val_size:
+            raise ValueError("data.val_size: a validation split is held out of in-memory sets only; with "
+                             "data.loader=stream, set data.val_size=0 (or data.loader=memory where the set fits)")
         self.data = source
         channels, size = source.channels, source.image_size
         self.batch = cfg.optim.batch_size // world_size
@@ -466,15 +500,28 @@ class Trainer:
             labels.append(lab)
         return torch.cat(feats), torch.cat(labels)
 
+    @property
+    def monitor_split(self) -> str:
+        """The split the per-epoch monitor reads: the validation split where one is held out, else the test."""
+        return "val" if self.cfg.data.val_size else "test"
+
     def knn(self) -> float:
+        """The per-epoch kNN monitor on ``monitor_split``."""
         e = self.cfg.eval
         f_bank, l_bank = self.split_features("train", e.knn_bank)
-        f_test, l_test = self.split_features("test", e.knn_test)
+        f_test, l_test = self.split_features(self.monitor_split, e.knn_test)
         return knn_accuracy(f_bank, l_bank, f_test, l_test, self.data.classes, e.knn_k, e.knn_t)
 
     def final_eval(self, progress: Callable[[str], None] | None = None,
                    embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[float, ProbeResult]:
-        """(kNN top-1, the linear probe) at the end, from one extraction of the features both read.
+        """(kNN top-1, the linear probe) on the test split: ``final_scores`` without the validation split."""
+        scores = self.final_scores(progress, embed, validation=False)
+        return scores.knn, scores.probe
+
+    def final_scores(self, progress: Callable[[str], None] | None = None,
+                     embed: Callable[[torch.Tensor], torch.Tensor] | None = None, *,
+                     validation: bool = True) -> FinalScores:
+        """kNN top-1 and the linear probe at the end, from one extraction of the features both read.
 
         The kNN bank and the probe's training images are both prefixes of one
         list of training images, so the numbers equal ``knn()`` and a separate probe.
@@ -495,7 +542,13 @@ class Trainer:
                            self.data.classes, e.knn_k, e.knn_t)
         res = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test, l_test, self.data.classes,
                            weight_decay=e.linear_wd, steps=e.linear_steps)
-        return knn, res
+        scores = FinalScores(knn, res)
+        if validation and self.cfg.data.val_size:  # the same kNN bank and probe, on the held-out images
+            f_val, l_val = self.split_features("val", None, embed)
+            scores.val_knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_val, l_val, self.data.classes,
+                                          e.knn_k, e.knn_t)
+            scores.val_linear = res.score(f_val, l_val)
+        return scores
 
 
 def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -525,7 +578,9 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
                        f"a={cfg.bank.momentum}), no key encoder" if tr.bank is not None
                   else f"in-batch negatives (2·{cfg.optim.batch_size}−2), no key encoder" if tr.negatives == "in_batch"
                   else f"K={cfg.queue.size}" + (" (random replacement)" if cfg.queue.policy == "random" else ""))
-    say(f"mocolab: {cfg.data.name} ({tr.data.size} train / {tr.data.test_size} test, {tr.data.kind}), "
+    val = getattr(tr.data, "val", None)
+    held = f" / {len(val)} validation (held out)" if val is not None else ""
+    say(f"mocolab: {cfg.data.name} ({tr.data.size} train{held} / {tr.data.test_size} test, {tr.data.kind}), "
         f"MoCo {mc.version}, {cfg.model.backbone}, {m_txt}, {dictionary}, {cfg.optim.name} "
         f"lr {cfg.effective_lr:g}, batch={cfg.optim.batch_size} "
         f"on {tr.world_size} rank(s), {tr.total_steps} steps on {tr.device} "
@@ -550,7 +605,8 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
             break
         last = tr.step >= tr.total_steps
         due = e.knn_every and tr.epoch % e.knn_every == 0 and not last  # the last one comes with the probe
-        knn = tr.knn() if main and due else None
+        monitor = tr.knn() if main and due else None
+        knn, val_knn = (None, monitor) if tr.monitor_split == "val" else (monitor, None)
         # v3 and in-batch negatives store nothing: every negative is this step's, so nothing is stale
         ages = tr.dictionary_ages()
         s_mean, s_max = (float(ages.mean()), float(ages.max())) if ages.numel() else (0.0, 0.0)
@@ -559,10 +615,13 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         rec = EpochRecord(tr.epoch, tr.step, loss, tr.lr(tr.step - 1), tr.momentum(tr.step - 1), pretext,
                           knn, rate, s_mean, s_max, cfg.ema_half_life,
                           cfg.max_staleness if cfg.uses_queue else 0.0, time.perf_counter() - t0,
-                          per_step=tr.last_epoch_series, drift_cos=drift, stored_cos=stored, diagnostics=diag)
+                          per_step=tr.last_epoch_series, drift_cos=drift, stored_cos=stored, diagnostics=diag,
+                          val_knn_top1=val_knn)
         tr.history.append(rec)
         eta = (time.perf_counter() - t_start) / max(1, tr.step - start_step) * (tr.total_steps - tr.step)
-        knn_txt = f"kNN {100 * knn:.2f}%" if knn is not None else ("kNN at the end" if last else "kNN -")
+        which = "val kNN" if tr.monitor_split == "val" else "kNN"
+        knn_txt = (f"{which} {100 * monitor:.2f}%" if monitor is not None
+                   else (f"{which} at the end" if last else f"{which} -"))
         drift_txt = f"  key drift cos {drift:.3f} (age ≤ {s_max:.0f})" if drift is not None and ages.numel() else ""
         say(f"epoch {tr.epoch:3d}  step {tr.step:6d}/{tr.total_steps}  loss {loss:.4f}  pretext {100 * pretext:.1f}%  "
             f"{knn_txt}  {rate:.0f} img/s{drift_txt}  ETA {_fmt_time(eta)}")
@@ -574,13 +633,18 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     if not main:
         return TrainResult(None, None, loss, tr.step, False, tr.history, knn_init, linear_top1_init=linear_init)
     say("final kNN and linear probe on frozen features ...")
-    knn_final, probe = tr.final_eval(say)
+    scores = tr.final_scores(say)
+    knn_final, probe = scores.knn, scores.probe
     linear = probe.test_top1
     if tr.history:
         tr.history[-1].knn_top1 = knn_final
+        tr.history[-1].val_knn_top1 = scores.val_knn
+    val_txt = (f"  (validation: linear {100 * scores.val_linear:.2f}%, kNN {100 * scores.val_knn:.2f}%)"
+               if scores.val_linear is not None else "")
     say(f"done in {_fmt_time(time.perf_counter() - t_start)}: linear top-1 {100 * linear:.2f}%  "
-        f"kNN top-1 {100 * knn_final:.2f}%")
-    return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init, probe, linear_init)
+        f"kNN top-1 {100 * knn_final:.2f}%{val_txt}")
+    return TrainResult(linear, knn_final, loss, tr.step, False, tr.history, knn_init, probe, linear_init,
+                       scores.val_linear, scores.val_knn)
 
 
 def _mean_cosines(diag: dict, fresh_negatives: bool) -> tuple[float | None, float | None]:

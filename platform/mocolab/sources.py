@@ -8,6 +8,13 @@ tensors; the streaming loader permutes the index of files (image_index.py)
 and decodes only what a rank needs, so both see the same images in the same
 order, and a resumed run starts at the step where it stopped.
 
+A file that cannot be decoded is treated alike by both: in a training batch
+the batch's previous readable image stands in for it (``data.fill_unreadable``),
+evaluation leaves it out, and the run names it (``UnreadableFiles``). A split
+with more than ``data.max_bad_fraction`` of its images unreadable is refused:
+before training in memory, where every file is decoded up front; as soon as
+the damage found passes the bound while streaming.
+
 ``data.loader=auto`` picks memory when the decoded training set fits
 ``data.memory_budget_mb`` per worker (default 4096 MiB: a laptop's worker
 holds Fashion-MNIST, 47 MB, or CIFAR-10, 154 MB, with room to spare; ImageNet
@@ -26,8 +33,78 @@ import torch
 
 from . import data as datasets
 from .choices import LOADERS, STREAMABLE  # noqa: F401  (data.loader: choices.py)
+from .config import DataConfig
 
 EVAL_SUBSET_SEED = 0  # streamed evaluation subsets: one fixed draw, the same for every run, so runs compare
+VALIDATION_SEED = 1  # data.val_size: which training images are held out, fixed for every run
+EVAL_CHUNK = 256  # images per decode task of an evaluation pass; ``images_at`` fills stand-ins per chunk too
+DEFAULT_MAX_BAD_FRACTION: float = DataConfig.max_bad_fraction
+SPLIT_WORDS = {"train": "training", "test": "test", "val": "validation"}
+
+
+class DamagedDataError(ValueError):
+    """More of a split cannot be decoded than ``data.max_bad_fraction`` allows: the run stops."""
+
+
+class UnreadableFiles:
+    """The files of each split that could not be decoded, as far as the loader has read: what a run prints,
+    logs (``metrics``, ``tags``) and refuses beyond (``check``).
+
+    In memory every file is known before the first step; streamed, a file is known once read, so the
+    counts grow over the first epoch (and over the first evaluation for the test split)."""
+
+    def __init__(self, sizes: dict[str, int], max_fraction: float = DEFAULT_MAX_BAD_FRACTION,
+                 complete: bool = True) -> None:
+        self.sizes, self.max_fraction, self.complete = sizes, max_fraction, complete
+        self.names: dict[str, set[str]] = {split: set() for split in sizes}
+
+    def add(self, split: str, names: Iterable[str]) -> bool:
+        """Record names; True if any was new."""
+        before = len(self.names[split])
+        self.names[split].update(names)
+        return len(self.names[split]) > before
+
+    def count(self, split: str) -> int:
+        return len(self.names[split])
+
+    def first(self, split: str, show: int = 3) -> list[str]:
+        return sorted(self.names[split])[:show]
+
+    def describe(self, split: str, show: int = 3) -> str:
+        """'3 of 300 training images unreadable: train/a/x.jpg, train/a/y.jpg, train/b/z.jpg'."""
+        n, total = self.count(split), self.sizes[split]
+        more = ", ..." if n > show else ""
+        so_far = "" if self.complete else " so far"
+        return (f"{n:,} of {total:,} {SPLIT_WORDS.get(split, split)} images unreadable{so_far}: "
+                f"{', '.join(self.first(split, show))}{more}")
+
+    def note(self, split: str) -> str:
+        """What the run prints: the damage, what stands in for it, and the bound."""
+        return (f"{split} data: {self.describe(split)}; in training each is replaced by its batch's previous "
+                f"readable image, evaluation leaves it out (data.max_bad_fraction={self.max_fraction:g} "
+                f"allows {self.allowed(split):,})")
+
+    def allowed(self, split: str) -> int:
+        """The most unreadable images the split may hold: ``max_fraction`` of it, rounded down."""
+        return int(self.max_fraction * self.sizes[split] + 1e-9)
+
+    def check(self, split: str) -> None:
+        """Raise ``DamagedDataError`` once a split's unreadable files are more than the bound allows."""
+        n, total = self.count(split), self.sizes[split]
+        if total and n > self.allowed(split):
+            raise DamagedDataError(
+                f"data.max_bad_fraction: {self.describe(split)} ({100 * n / total:.3g}% of the split, more than "
+                f"the {100 * self.max_fraction:g}% allowed); repair or remove those files, or raise "
+                f"data.max_bad_fraction (0 to 1) to train with stand-ins for them")
+
+    def metrics(self) -> dict[str, float]:
+        """``data_unreadable_<split>``: the counts as MLflow metrics."""
+        return {f"data_unreadable_{split}": float(self.count(split)) for split in self.sizes}
+
+    def tags(self) -> dict[str, str]:
+        """``mocolab.data_unreadable``: the counts and the first names, for the run's page (only when any)."""
+        damaged = [self.describe(split) for split in self.sizes if self.count(split)]
+        return {"mocolab.data_unreadable": "; ".join(damaged)} if damaged else {}
 
 
 class TrainSource(Protocol):
@@ -55,6 +132,8 @@ class TrainSource(Protocol):
 
     def records(self) -> list["DatasetRecord"]: ...
 
+    unreadable: UnreadableFiles  # files that could not be decoded, per split
+
 
 @dataclass(frozen=True)
 class DatasetRecord:
@@ -67,7 +146,7 @@ class DatasetRecord:
     renamed or relabelled changes it.
     """
     name: str  # the data set: fashion-mnist, imagefolder, ...
-    split: str  # train | test
+    split: str  # train | test | val
     size: int  # images in the split as the run uses it (after data.subset)
     digest: str
     hashed: str  # what the digest covers: "decoded images and labels" | "file list and labels"
@@ -123,6 +202,16 @@ def eval_order(n_total: int, n: int | None) -> np.ndarray:
     return np.random.default_rng(EVAL_SUBSET_SEED).permutation(n_total)[:n]
 
 
+def validation_positions(n_total: int, n: int) -> np.ndarray:
+    """``data.val_size``: the n training positions held out as the validation split, in stored order.
+
+    The last n of one fixed permutation, the same for every ``run.seed`` and arm, so that every run of a
+    search is selected on the same images and none of them was trained on."""
+    if not 0 < n < n_total:
+        raise ValueError(f"data.val_size: {n} must be between 1 and the {n_total:,} training images less one")
+    return np.sort(np.random.default_rng(VALIDATION_SEED).permutation(n_total)[n_total - n:])
+
+
 def subset_positions(n_total: int, n: int) -> np.ndarray:
     """``data.subset`` of a set stored in class order: a fixed random n, kept in stored order
     (the first n would be the first classes only). Both loaders take it."""
@@ -132,18 +221,23 @@ def subset_positions(n_total: int, n: int) -> np.ndarray:
 class MemorySource:
     """Decoded tensors: the embedded default and every set that fits the budget."""
 
-    def __init__(self, train: datasets.ImageDataset, test: datasets.ImageDataset) -> None:
-        self.train, self.test = train, test
+    def __init__(self, train: datasets.ImageDataset, test: datasets.ImageDataset, *,
+                 max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, val: datasets.ImageDataset | None = None) -> None:
+        self.train, self.test, self.val = train, test, val
+        self.splits = {"train": train, "test": test, **({"val": val} if val is not None else {})}
         # sets stored in class order take a fixed random subset (a prefix would hold the first classes only);
         # the others are stored shuffled, and their prefix is what every earlier run measured
         self.random_subsets = train.name in STREAMABLE
         self.size, self.test_size, self.classes = len(train), len(test), train.classes
         self.channels, self.image_size = train.images.shape[1], train.images.shape[-1]
         self.kind = "in memory"
+        self.unreadable = UnreadableFiles({split: len(ds) for split, ds in self.splits.items()}, max_bad_fraction)
+        for split, ds in self.splits.items():
+            self.unreadable.add(split, ds.unreadable_names())
+            self.unreadable.check(split)  # every file is decoded: a damaged set is refused before any step
 
     def notes(self) -> list[str]:
-        return [f"{split} data: {datasets.skipped_message(ds.skipped)}"
-                for split, ds in (("train", self.train), ("test", self.test)) if ds.skipped]
+        return [self.unreadable.note(split) for split in self.splits if self.unreadable.count(split)]
 
     def epoch(self, generator, batch, rank, world_size, start_step):
         for images, _ in self.epoch_indexed(generator, batch, rank, world_size, start_step):
@@ -156,13 +250,19 @@ class MemorySource:
             yield images, idx
 
     def images_at(self, index):
-        """The training images at these positions (uint8), as the epochs index them."""
-        return self.train.images[index.cpu()]
+        """The training images at these positions (uint8), as the epochs index them; an unreadable one replaced
+        within its chunk of ``EVAL_CHUNK``, as the streaming loader decodes them."""
+        index = index.cpu()
+        parts = [datasets.fill_unreadable(self.train.images[part], self.train.labels[part] < 0)
+                 for part in index.split(EVAL_CHUNK)]
+        return torch.cat(parts) if parts else self.train.images[index]
 
     def eval_split(self, split, n):
-        ds = self.train if split == "train" else self.test
+        """Unreadable images are left out: a stand-in would be scored under the label of a file never seen."""
+        ds = self._split(split)
         if self.random_subsets:
             idx = torch.from_numpy(eval_order(len(ds), n))
+            idx = idx[ds.labels[idx] >= 0]
             yield ds.images[idx], ds.labels[idx]
             return
         n = len(ds) if n is None else min(n, len(ds))
@@ -171,10 +271,15 @@ class MemorySource:
     def records(self) -> list[DatasetRecord]:
         return [DatasetRecord(ds.name, split, len(ds), tensor_digest(ds.images, ds.labels),
                               "decoded images and labels", self.image_size, self.channels)
-                for split, ds in (("train", self.train), ("test", self.test))]
+                for split, ds in self.splits.items()]
+
+    def _split(self, split: str) -> datasets.ImageDataset:
+        if split not in self.splits:
+            raise ValueError(f"no {split!r} split here: set data.val_size to hold one out of the training set")
+        return self.splits[split]
 
     def describe_eval(self, split, n):
-        ds = self.train if split == "train" else self.test
+        ds = self._split(split)
         if n is None or n >= len(ds):
             return f"all {len(ds):,}"
         return f"{'a fixed random' if self.random_subsets else 'the first'} {n:,} of {len(ds):,}"

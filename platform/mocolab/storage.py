@@ -116,6 +116,16 @@ class Location:
         with self.fs.open_output_stream(self._path(name)) as fh:
             fh.write(text.encode())
 
+    def delete(self, name: str) -> None:
+        """Remove the file ``name`` if it is there."""
+        if not self.remote:
+            Path(self.root, name).unlink(missing_ok=True)
+            return
+        try:
+            self.fs.delete_file(self._path(name))
+        except FileNotFoundError:
+            pass
+
     def put_dir(self, local_dir: str | Path, name: str) -> None:
         """Copy a local folder's files to ``name`` here (the local-mode checkpoint)."""
         if not self.remote:

@@ -177,8 +177,17 @@ class LocalCluster:
         out: list[str] = []
         for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
                      "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
-            out += [flag, str(_free_port())]
+            out += [flag, str(self._spare_port())]
         return out
+
+    def _spare_port(self) -> int:
+        """A free port that none of the cluster's chosen ones may take later: MLflow binds its own while
+        the head starts."""
+        s = self.state
+        chosen = {s.gcs_port, s.dashboard_port, s.mlflow_port, s.postgres_port}
+        while (port := _free_port()) in chosen:
+            pass
+        return port
 
     def _ray_start(self, name: str, args: list[str], cpus: float, gpus: float) -> Node:
         temp = tempfile.mkdtemp(prefix=f"mc{name[:1]}", dir="/tmp")  # short: socket paths < 108 chars
@@ -236,8 +245,9 @@ class LocalCluster:
         started = time.time()
         try:
             self._start_store(pg)
-            self._start_mlflow(timeout)
+            self._spawn_mlflow()  # starts while the head does: each takes seconds of its own
             self._start_head(head_cpus, timeout)
+            self._wait_for_mlflow(timeout)
             for _ in range(workers):
                 self.add_worker(cpus_per_worker, gpus_per_worker, wait=False)
             self.wait_for_nodes(1 + workers, timeout)
@@ -267,7 +277,7 @@ class LocalCluster:
         bindir = find_bindir()
         return Postgres(Path(s.postgres_data), s.postgres_port or 0, bindir, self.dir / "pgpass") if bindir else None
 
-    def _start_mlflow(self, timeout: float) -> None:
+    def _spawn_mlflow(self) -> None:
         s = self.state
         pg = self._postgres()
         # MLflow's job runner (its GenAI evaluation jobs: half a dozen more processes) serves nothing here
@@ -278,6 +288,9 @@ class LocalCluster:
         s.mlflow_pid = self._spawn(cmd, self.dir / "logs" / "mlflow.log", env)
         s.save()
         self.say(f"MLflow: starting on {s.tracking_uri} (store {s.store_uri})")
+
+    def _wait_for_mlflow(self, timeout: float) -> None:
+        s = self.state
         deadline = time.time() + timeout
         while not self._mlflow_healthy():
             if not _alive(s.mlflow_pid) or time.time() > deadline:
@@ -292,7 +305,7 @@ class LocalCluster:
             raise RuntimeError(f"ray get-auth-token failed: {token.stderr[-1000:]}")
         s.head = self._ray_start("head", ["--head", "--port", str(s.gcs_port), "--dashboard-host", "127.0.0.1",
                                           "--dashboard-port", str(s.dashboard_port), "--include-dashboard", "true",
-                                          "--ray-client-server-port", str(_free_port())], cpus, 0.0)
+                                          "--ray-client-server-port", str(self._spare_port())], cpus, 0.0)
         s.save()
         deadline = time.time() + timeout
         while not self._dashboard_answers():

@@ -179,6 +179,10 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         "| m | seeds | linear | Δ linear | Δ kNN | paper (ImageNet) |",
         "|---|---|---|---|---|---|",
         *head,
+        "",
+        # README sits at the repository's root, the figures in docs/figures (where `mocolab repro` writes them)
+        f"![{study.name}: top-1 against 1 − m, beside the random-init encoder and raw pixels]"
+        f"(docs/figures/{figure.name})",
     ])
     return text, headline, figure
 
@@ -253,7 +257,7 @@ def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
     ax.set_ylabel("top-1 accuracy, Fashion-MNIST test (%)")
     ax.set_title("Momentum ablation: accuracy against the key encoder's momentum")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: no point hidden
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)

@@ -8,6 +8,7 @@ instead of mixing precisions.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,27 @@ def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str |
     if stop_after:
         argv += ["--stop-after", str(stop_after)]
     say("$ " + " ".join(["python", *script]))
-    return subprocess.call(argv, cwd=REPO)
+    return call_passing_signals(argv, REPO)
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def call_passing_signals(argv: list[str], cwd: Path) -> int:
+    """Run the study's script and hand it every stop signal this process gets; its exit code (128+N by signal N).
+
+    A study left running when ``mocolab repro`` is stopped would go on training, unseen, beside whatever runs
+    next. The child has its own process group, so Ctrl-C in a terminal reaches it once (through here), and it
+    closes its runs as an interrupted study does; this process waits for that before it exits.
+    """
+    child = subprocess.Popen(argv, cwd=cwd, process_group=0)
+    previous = {s: signal.signal(s, lambda signum, _frame: child.send_signal(signum)) for s in FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
 
 
 def main(args) -> int:
@@ -64,6 +85,9 @@ def main(args) -> int:
             for study in studies:
                 code = run_study(study, precision, args.threads, tracking_uri=args.tracking_uri,
                                  stop_after=args.stop_after) or code
+                if code >= 128:  # stopped by a signal: the same command resumes; nothing more this time
+                    print(f"stopped during {study.name}; `mocolab repro` again resumes it", file=sys.stderr)
+                    return code
         store = Store(args.tracking_uri)
         for study in studies:
             path = export(study, store, results)

@@ -9,6 +9,7 @@ import sys
 
 from ..config import build_config
 from ..tune import Trial
+from ..tune.spec import with_validation_split
 from ..tune.study import make_sweep, overrides_of, run_study, seeds_of, study_parser
 
 
@@ -25,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=6, help="search mode: trials Optuna samples (default 6)")
     args = p.parse_args(argv)
     try:
-        seeds, sizes = seeds_of(args), queue_sizes(args.preset, overrides_of(args))  # --config's and --set's
+        overrides = overrides_of(args)  # --config's and --set's
+        if not args.grid:  # a search selects by the validation split's kNN: hold one out
+            overrides = with_validation_split(args.preset, overrides)
+        seeds, sizes = seeds_of(args), queue_sizes(args.preset, overrides)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -33,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         trials = [Trial(f"K={k} seed={s}", {"queue.size": k, "run.seed": s}) for k in sizes for s in seeds]
         sweep = make_sweep(args, "queue-ablation", f"queue size grid K in {sizes}, seeds {seeds}", trials)
     else:
-        sweep = make_sweep(args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on kNN top-1", [],
+        sweep = make_sweep(args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on the kNN top-1 "
+                           f"of {overrides['data.val_size']:,} held-out training images", [],
                            search="optuna", search_space={"queue.size": sizes}, scheduler="asha",
-                           metric="knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
+                           metric="val_knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
+        sweep.base_overrides["data.val_size"] = overrides["data.val_size"]
 
     def report(out_dir, trials_df):
         from ..analysis import fmt_mean_std, line_plot, summarise

@@ -26,6 +26,10 @@ from .store import PARENT_ID_TAG, RUN_NAME_TAG, Store, _quote
 MAX_BATCH = 1000  # metrics per log_batch call: MLflow's limit
 
 
+class TrackingUnreachable(RuntimeError):
+    """The store did not answer where a run needed it; the message says what is kept and how to finish."""
+
+
 class RunTracker:
     """Driver side: one MLflow run per training run name."""
 
@@ -90,7 +94,8 @@ class MetricsLogger:
 
     Best-effort: a tracking store that goes away mid-run must not kill training (nor use up
     ``run.max_failures``).  Batches that cannot be sent are kept, in order, and sent with the next
-    batch that gets through; ``close`` tries once more and says how many were lost.
+    batch that gets through; ``close`` tries once more, and what it still cannot send the worker keeps
+    beside the checkpoint (``unsent``) for the next command to send (``take_back``).
     """
 
     def __init__(self, uri: str, run_id: str, say=print) -> None:
@@ -182,15 +187,28 @@ class MetricsLogger:
             return False
 
     def close(self) -> int:
-        """Last try for what is pending; returns (and reports) the number of metric batches lost."""
+        """Last try for what is pending; the number of metric batches still unsent (``unsent`` holds them)."""
         if not self.flush():
             self.lost = len(self.pending)
-            self.say(f"MLflow: {self.lost} batch(es) of metrics could not be logged (the tracking store did not "
-                     f"answer); the run's checkpoint history still holds every epoch")
         return self.lost
 
+    def unsent(self) -> str:
+        """What the store has not taken, as JSON: [[[key, value, timestamp, step], ...], ...] by batch."""
+        return json.dumps([[[m.key, m.value, m.timestamp, m.step] for m in batch] for batch in self.pending])
 
-DATASET_CONTEXT = {"train": "training", "test": "evaluation"}
+    def take_back(self, unsent: str) -> bool:
+        """Send what an earlier process could not (``unsent``'s JSON) before anything else; True once sent.
+
+        Its steps count as logged: a restart's replay of those epochs is skipped, as for any logged epoch.
+        """
+        batches = [[Metric(k, float(v), int(t), int(s)) for k, v, t, s in batch] for batch in json.loads(unsent)]
+        self.pending = batches + self.pending
+        losses = [m.step for batch in batches for m in batch if m.key == "loss"]
+        self.last_step = max([self.last_step, *losses])
+        return self.flush()
+
+
+DATASET_CONTEXT = {"train": "training", "test": "evaluation", "val": "validation"}
 
 
 def dataset_input(record: DatasetRecord) -> DatasetInput:

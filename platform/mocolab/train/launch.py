@@ -19,8 +19,9 @@ from ..addresses import check_ray_address
 from ..interrupts import reassert
 from ..config import Config, check_same_config, fingerprint, validate, with_absolute_paths
 from ..lock import NameLock
-from ..tracking import RunTracker, check_tracking_uri, local_store_path, redact_text, redact_uri, resolve_tracking_uri
+from ..tracking import RunTracker, TrackingUnreachable, check_tracking_uri, local_store_path, redact_text, redact_uri, resolve_tracking_uri
 from .checkpoint import LOCAL_CHECKPOINT
+from .ray_output import quiet_driver_output
 from .resources import check_device, check_placement
 from .session import last_metrics
 from .shipping import check_job_paths, check_nodes, code_runtime_env
@@ -42,6 +43,8 @@ class TrainOutcome:
     steps: int
     resumed: bool
     checkpoint_path: str | None
+    val_linear_top1: float | None = None  # data.val_size: the validation split's, what selection reads
+    val_knn_top1: float | None = None
 
 
 def check_cluster() -> None:
@@ -96,7 +99,8 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     ``callbacks`` go to Ray Train's RunConfig: a sweep passes Tune's
     ``TuneReportCallback`` so each epoch's metrics reach the scheduler.
     ``ray_train_info=False`` drops Ray Train's INFO lines in the workers (a checkpoint written, a report
-    sent, each epoch): ``mocolab train`` prints them only with ``--verbose``.
+    sent, each epoch) and what its helper actors print (``ray_output``): ``mocolab train`` prints them only
+    with ``--verbose``; Ray's log files keep them.
     ``tune_trial``: called in a Tune trial, whose W = 0 loop reports to Tune itself (train/session.py);
     ``tune_metric`` is the search's metric (reports without it are not sent), None for a grid.
     """
@@ -116,6 +120,8 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     if workers > 0:  # a request the cluster can never place is an error now, not a hang later
         check_device(cfg.run.device, cfg.run.gpus_per_worker)
         ensure_ray()
+        if not ray_train_info:
+            quiet_driver_output()
         check_placement(workers, cfg.run.cpus_per_worker, cfg.run.gpus_per_worker, what=f"run '{name}'",
                         placement=cfg.run.placement)
     run_dir = storage.child(name)
@@ -206,12 +212,18 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
         if checkpoint and run_dir.remote:  # Ray gives the path inside the bucket: put the scheme back
             checkpoint = f"{run_dir.location.split('://', 1)[0]}://{checkpoint}"
     if tracker is not None:
-        if checkpoint:
-            tracker.tag(CHECKPOINT_TAG, checkpoint)
-        tracker.finish(status)
+        try:
+            if checkpoint:
+                tracker.tag(CHECKPOINT_TAG, checkpoint)
+            tracker.finish(status)
+        except Exception as err:  # noqa: BLE001 - any failure of the store; the training itself is done
+            raise TrackingUnreachable(
+                f"MLflow: the tracking store at {redact_uri(uri)} did not answer at the end of run '{name}' "
+                f"({type(err).__name__}); the run {status} and its checkpoint keeps it, with the metrics the "
+                f"store missed: run the same command once the store answers to send them and close the run") from err
     return TrainOutcome(name, run_id, status, m.get("linear_top1"), m.get("knn_top1"),
                         None if loss is None or (isinstance(loss, float) and math.isnan(loss)) else loss,
-                        int(m.get("steps", 0)), resumed, checkpoint)
+                        int(m.get("steps", 0)), resumed, checkpoint, m.get("val_linear_top1"), m.get("val_knn_top1"))
 
 
 def _loop(config: dict) -> None:

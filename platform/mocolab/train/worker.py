@@ -117,6 +117,8 @@ def log_trained_models(trainer: Trainer, result, loop_config: dict) -> None:
         print(f"MLflow: encoder logged as {uris[ENCODER]} (mocolab export {loop_config['mlflow_run_id']} --out DIR)")
 
 
+# metrics the tracking store did not take by the end of an attempt, beside the checkpoints, sent by the next
+UNSENT_METRICS = "unsent_metrics.json"
 DIAGNOSTICS_DIR = "negatives"  # the run's artifacts: epoch_NNNN.json per epoch, dictionary.png at the end
 
 
@@ -182,6 +184,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
     logger = None
     if trainer.is_main and loop_config.get("mlflow_run_id"):
         logger = MetricsLogger(loop_config["tracking_uri"], loop_config["mlflow_run_id"])
+    if logger is not None and run_dir.exists(UNSENT_METRICS):  # what the store missed last time, first
+        if logger.take_back(run_dir.read_text(UNSENT_METRICS)):
+            run_dir.delete(UNSENT_METRICS)
+            print(f"MLflow: sent the metrics an earlier attempt kept in {run_dir.child(UNSENT_METRICS).location}")
     if logger is not None:  # which data, by content digest: the UI's Dataset column, the report's data column
         logger.log_datasets(trainer.data.records())
         for key, value in provenance(trainer.device, trainer.precision).items():  # torch, device, precision
@@ -228,9 +234,12 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
     def on_epoch(rec: EpochRecord) -> None:
         metrics = rec.metrics()
         if logger is not None:  # MLflow keeps the step itself: a "step" metric would only be noise in its UI
-            # m comes once per step in the series (the epoch's value is its last point)
-            logger.log({k: v for k, v in metrics.items() if k != "step" and k not in rec.per_step}, rec.step,
-                       series=rec.per_step)
+            # m comes once per step in the series (the epoch's value is its last point); the unreadable
+            # images found so far beside the epoch's numbers, and named on the run's page
+            logger.log({**{k: v for k, v in metrics.items() if k != "step" and k not in rec.per_step},
+                        **trainer.data.unreadable.metrics()}, rec.step, series=rec.per_step)
+            for key, value in trainer.data.unreadable.tags().items():
+                logger.set_tag(key, value)
             if rec.diagnostics:  # the dictionary's ages and the drift probes, whole: the plots read these
                 logger.log_dict(rec.diagnostics, f"{DIAGNOSTICS_DIR}/epoch_{rec.epoch:04d}.json")
                 last_diagnostics.update(rec.diagnostics, epoch=rec.epoch)
@@ -252,16 +261,24 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
                  memory.training_peak - memory.warm if memory.warm is not None else float("nan"))}
     if result.linear_top1 is not None:
         final.update(linear_top1=result.linear_top1, knn_top1=result.knn_top1)
+    if result.val_linear_top1 is not None:  # data.val_size: what model selection reads
+        final.update(val_linear_top1=result.val_linear_top1, val_knn_top1=result.val_knn_top1)
     if logger is not None:
-        logger.log_final({k: v for k, v in final.items()
-                          if k in ("linear_top1", "knn_top1", "final_loss", "worker_rss_growth_mb",
-                                   "worker_rss_growth_after_warmup_mb")},
+        logger.log_final({**{k: v for k, v in final.items()
+                             if k in ("linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss",
+                                      "worker_rss_growth_mb", "worker_rss_growth_after_warmup_mb")},
+                          **trainer.data.unreadable.metrics()},  # the evaluation's findings included
                          result.steps)
+        for key, value in trainer.data.unreadable.tags().items():
+            logger.set_tag(key, value)
         if result.diverged:
             logger.set_tag("mocolab.diverged_at_step", str(result.steps))
         if last_diagnostics.get("age_histogram", {}).get("counts"):
             log_dictionary_plot(logger, last_diagnostics, drift, cfg)
-        logger.close()
+        if logger.close():
+            run_dir.write_text(UNSENT_METRICS, logger.unsent())
+            print(f"MLflow: the tracking store did not take {logger.lost} batch(es) of metrics; they are kept in "
+                  f"{run_dir.child(UNSENT_METRICS).location} and the same command sends them")
         if result.probe is not None:  # a finished run: its encoder and probe as MLflow models
             log_trained_models(trainer, result, loop_config)
     _report(session, trainer, loop_config["config"], final, keep)

@@ -34,7 +34,7 @@ class Sweep:
     search: str = "grid"  # grid: run ``trials``; optuna / random: sample ``search_space`` (see tune/search.py)
     search_space: dict[str, list[Any]] | None = None  # search mode: dotted config key -> values to choose from
     scheduler: str = "fifo"  # fifo: every trial runs to its end; asha: early stopping on ``metric``
-    metric: str = "knn_top1"  # what a search optimises (reported every epoch)
+    metric: str = "val_knn_top1"  # what a search optimises: the validation split's, reported every epoch
     mode: str = "max"
     num_samples: int = 1
     seeds: list[int] = field(default_factory=lambda: [0])  # search mode: seeds per sampled point
@@ -53,6 +53,38 @@ class Sweep:
 
 
 # ------------------------------------------------------------------ validation
+def selects(sweep: Sweep) -> bool:
+    """A search, or a scheduler that stops trials early: either picks models by its metric."""
+    return sweep.search != "grid" or sweep.scheduler != "fifo"
+
+
+VAL_SHARE = 12  # a selecting sweep holds out 1/12 of the training set (5,000 of Fashion-MNIST's 60,000)
+
+
+def with_validation_split(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with ``data.val_size`` for a sweep that selects: the user's, else 1/12 of the whole
+    training set (before ``data.subset``), held out of training so that selection never reads the test split."""
+    if overrides.get("data.val_size"):
+        return dict(overrides)
+    full = build_config(preset, {**overrides, "data.subset": None, "data.val_size": 0}).train_size or 0
+    return {**overrides, "data.val_size": max(1, full // VAL_SHARE)}
+
+
+def check_selection(sweep: Sweep) -> None:
+    """Model selection reads a validation split held out of the training set; the test split gives only the
+    final numbers. A selecting sweep must say ``val_...`` and hold one out (``data.val_size``) in every trial."""
+    if not selects(sweep):
+        return
+    fix = "--metric val_knn_top1 (or val_linear_top1) with --set data.val_size=N, e.g. 5000"
+    if not sweep.metric.startswith("val_"):
+        raise ValueError(f"metric: {sweep.metric!r} is a test-split number, and a {sweep.search} search / "
+                         f"{sweep.scheduler} scheduler selects models by it; selection reads the validation "
+                         f"split: {fix}")
+    if not build_config(sweep.preset, {**sweep.base_overrides}).data.val_size:
+        raise ValueError(f"data.val_size: 0 holds out no validation split for the {sweep.metric!r} a "
+                         f"{sweep.search} search / {sweep.scheduler} scheduler selects by: {fix}")
+
+
 def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float,
                     trial_id: str = "") -> tuple[str, dict[str, Any]]:
     """(label, overrides) for one trial from Tune's config (grid: a Trial dict; search: dotted keys).
@@ -114,6 +146,7 @@ def check_sweep(sweep: Sweep) -> None:
         build_config(sweep.preset, over)
     if sweep.search != "grid":
         build_config(sweep.preset, {**sweep.base_overrides})
+    check_selection(sweep)
     if sweep.watch_s is not None and sweep.watch_s < 1:
         raise ValueError(f"--watch: {sweep.watch_s} must be >= 1 (seconds between rewrites)")
     if sweep.register is not None:
@@ -122,4 +155,5 @@ def check_sweep(sweep: Sweep) -> None:
             raise ValueError(f"--register-metric: {sweep.register_metric!r} is not one of {list(REGISTER_METRICS)}")
 
 
-REGISTER_METRICS = {"linear_top1": "max", "knn_top1": "max", "final_loss": "min"}  # final metrics of every trial
+REGISTER_METRICS = {"linear_top1": "max", "knn_top1": "max", "val_linear_top1": "max", "val_knn_top1": "max",
+                    "final_loss": "min"}  # final metrics of every trial

@@ -50,7 +50,7 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
                    help="end after N trials have finished; run the same command again to continue")
     p.add_argument("--register", default=None, metavar="NAME",
                    help="at the end, register the best finished trial's encoder in the MLflow Model Registry as NAME")
-    p.add_argument("--register-metric", default="linear_top1", choices=["linear_top1", "knn_top1", "final_loss"],
+    p.add_argument("--register-metric", default="linear_top1", choices=["linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss"],
                    help="what 'best' means for --register (default linear_top1; final_loss: the lowest)")
     p.add_argument("--watch", type=int, nargs="?", const=30, default=None, metavar="SECONDS",
                    help="keep the sweep's HTML report current while trials run, rewritten after every trial and "

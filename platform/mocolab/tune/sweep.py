@@ -115,6 +115,8 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
                  "linear_top1": out.linear_top1 if out.linear_top1 is not None else nan,
                  "knn_top1": out.knn_top1 if out.knn_top1 is not None else nan,
                  "final_loss": out.final_loss if out.final_loss is not None else nan,
+                 **({"val_linear_top1": out.val_linear_top1, "val_knn_top1": out.val_knn_top1}
+                    if out.val_linear_top1 is not None else {}),
                  "mlflow_run_id": out.mlflow_run_id or ""})
 
 
@@ -313,8 +315,13 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
     attempt = 1 + sum(1 for n in Location(tune_path).children() if n.startswith("attempt-"))
     space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
     lines.total = len(remaining)
+    # reuse_actors: a trial's process spends seconds importing torch, MLflow and mocolab; the next trial
+    # starts in the process of one that returned instead (its own config, seed, data, model and MLflow run
+    # all the same). Only a grid: there a trial's actor is kept only once its function has returned (Tune
+    # keeps no errored one). A search's scheduler stops trials mid-epoch, and Tune fails the next trial
+    # when a reused actor's training thread has not ended within seconds.
     return tune.Tuner(
-        trainable, param_space=space, tune_config=tune.TuneConfig(max_concurrent_trials=conc),
+        trainable, param_space=space, tune_config=tune.TuneConfig(max_concurrent_trials=conc, reuse_actors=True),
         run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=tune_path, verbose=verbose, stop=stop,
                                   callbacks=callbacks))
 

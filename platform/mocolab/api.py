@@ -1,0 +1,179 @@
+"""The Python API, and what the ``mocolab`` command calls: build a config, train, sweep, load, evaluate.
+
+A notebook or a script gets the command line's behaviour, checks and records without building argv:
+``train`` is ``mocolab train``, ``sweep`` is ``mocolab sweep``, ``evaluate`` is ``mocolab eval``. Each
+refuses bad input with a ValueError that names the field, before it starts anything. Heavy modules
+(torch, Ray, MLflow) load inside the functions, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from . import config as _config
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from torch import nn
+
+    from .config import Config
+    from .train import TrainOutcome
+    from .transfer import TransferResult
+
+Overrides = Mapping[str, Any] | Iterable[str] | None  # {"moco.m": 0.9} or ["moco.m=0.9"]
+
+
+def _overrides(overrides: Overrides) -> dict[str, Any]:
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    if isinstance(overrides, str):
+        raise ValueError(f"overrides: give a mapping or a list of 'section.field=value' strings, not {overrides!r}")
+    return _config.parse_overrides(overrides)
+
+
+def build_config(preset: str = "cpu-quick", overrides: Overrides = None, *,
+                 config_file: str | os.PathLike[str] | None = None) -> Config:
+    """A validated config: ``preset``, then the fields of ``config_file`` (YAML in the presets' form), then
+    ``overrides``; the order ``--preset``, ``--config`` and ``--set`` apply in."""
+    fields = _config.config_file_overrides(config_file) if config_file else {}
+    return _config.build_config(preset, {**fields, **_overrides(overrides)})
+
+
+def train(config: Config | str = "cpu-quick", overrides: Overrides = None, *, tracking_uri: str | None = None,
+          in_process: bool = False, measure_init: bool = False, ray_train_info: bool = True,
+          progress: Callable[[str], None] = print) -> TrainOutcome:
+    """Train one model (or resume it: the same config continues the same run) and return its outcome.
+
+    ``config``: a Config (``build_config``) or a preset's name, with ``overrides`` over either. By default it
+    runs as ``mocolab train`` does: Ray Train with ``run.num_workers`` workers (0 = this process), logged to
+    MLflow (``tracking_uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db), checkpointed, the encoder logged
+    as a model (``load_encoder(outcome.mlflow_run_id)``). ``in_process``: the bare loop, without Ray, MLflow or
+    checkpoints (``measure_init`` also scores the encoder before training).
+    """
+    from .config import Config as _Config
+
+    cfg = config if isinstance(config, _Config) else build_config(config)
+    if overrides:
+        cfg = _config.apply_overrides(cfg, _overrides(overrides))
+    _config.validate(cfg)
+    if in_process:
+        from .loop import run_training
+        from .train import TrainOutcome as _Outcome
+
+        res = run_training(cfg, measure_init=measure_init, progress=progress)
+        return _Outcome(cfg.run_name, None, "diverged" if res.diverged else "finished", res.linear_top1,
+                        res.knn_top1, res.final_loss, res.steps, False, None)
+    from .addresses import check_addresses
+    from .train import fit
+
+    check_addresses(tracking_uri)
+    return fit(cfg, tracking_uri=tracking_uri, ray_train_info=ray_train_info, progress=progress)
+
+
+@dataclass
+class SweepResult:
+    """How a sweep ended (``code``: 0 every trial has an outcome, 1 a trial failed, 2 bad input, 128+N a
+    signal) and where it is in MLflow: the parent run and its trials table."""
+
+    code: int
+    experiment: str
+    name: str
+    parent_run_id: str | None
+    trials: pd.DataFrame | None
+
+
+def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "cpu-quick", seeds: int = 1,
+          first_seed: int = 0, overrides: Overrides = None, config_file: str | os.PathLike[str] | None = None,
+          name: str | None = None, experiment: str | None = None, search: str = "grid", samples: int = 1,
+          **flags: Any) -> SweepResult:
+    """A Ray Tune sweep over any config fields, as ``mocolab sweep`` runs it.
+
+    ``grid``: ``{"moco.tau": [0.07, 0.2], "queue.size": [1024, 4096]}`` (or ``["moco.tau=0.07,0.2", ...]``);
+    every point for each of ``seeds`` seeds from ``first_seed`` is a trial, or, with ``search="optuna"`` or
+    ``"random"``, ``samples`` trials per seed sample the grid's values. ``name`` (default from the fields,
+    preset and first seed) resumes: the same call again runs only what is not done. ``flags``: the
+    studies' other settings (``workers_per_trial``, ``max_concurrent``, ``tracking_uri``, ``storage``,
+    ``stop_after``, ``register``, ``watch_s``, ``scheduler``, ``metric``). Bad input raises ValueError.
+    """
+    from .tune.grid import EXPERIMENT, check_grid, grid_report, grid_sweep, parse_grid
+    from .tune.spec import check_sweep
+
+    points = parse_grid(grid) if not isinstance(grid, Mapping) else check_grid(grid)
+    if seeds < 1:
+        raise ValueError(f"--seeds: {seeds} must be >= 1")
+    fields = _config.config_file_overrides(config_file) if config_file else {}
+    spec = grid_sweep(points, preset=preset, seeds=range(first_seed, first_seed + seeds),
+                      overrides={**fields, **_overrides(overrides)}, name=name, experiment=experiment or EXPERIMENT,
+                      search=search, samples=samples, **flags)
+    check_sweep(spec)
+    from .tune.study import run_study
+
+    code = run_study(spec, grid_report(list(points)))
+    parent, trials = _parent_and_trials(spec.study, spec.name, spec.tracking_uri)
+    return SweepResult(code, spec.study, spec.name, parent, trials)
+
+
+def _parent_and_trials(experiment: str, name: str, tracking_uri: str | None):
+    from .tracking import PARENT_TAG, Store, trials_frame
+
+    store = Store(tracking_uri)
+    exp_id = store.experiment_id(experiment)
+    found = store.client.search_runs([exp_id], f"tags.`{PARENT_TAG}` = '{name}'", max_results=1) if exp_id else []
+    if not found:
+        return None, None
+    parent = found[0].info.run_id
+    return parent, trials_frame(store.runs(exp_id, parent_run_id=parent))
+
+
+def load_encoder(source: str | os.PathLike[str], tracking_uri: str | None = None, name: str = "encoder") -> nn.Module:
+    """A trained encoder as a torch module: float images in [0, 1] (N×C×H×W) -> the features kNN and the
+    linear probe read (normalised inside, as in training).
+
+    ``source``: an MLflow run id, a ``models:/`` URI (a logged model or a registered version) or a folder
+    ``mocolab export`` wrote. ``name="classifier"`` (run ids only) gives the linear probe's logits instead.
+    """
+    if name == "encoder":
+        from .encoders import load_saved_encoder
+
+        return load_saved_encoder(source, tracking_uri).module()
+    from .tracking.models import load_encoder as _logged
+
+    return _logged(str(source), tracking_uri, name)
+
+
+def evaluate(encoder: Any, data: str, overrides: Overrides = None, *, tracking_uri: str | None = None,
+             experiment: str | None = None, log: bool = True,
+             progress: Callable[[str], None] | None = print) -> TransferResult:
+    """kNN and linear probe of a trained encoder on the data set ``data`` (a transfer test), scored with
+    the source run's eval settings; logged (``log``) as a run of ``experiment`` (default ``transfer``)
+    tagged with the source run and its experiment. ``encoder``: what ``load_encoder`` takes, or a
+    ``encoders.SavedEncoder``; ``overrides``: data.*, eval.* and run.seed/device/precision/threads fields
+    (``{"data.root": "/data/imgs"}``). Returns the scores, with ``run_id`` set when logged.
+    """
+    from .encoders import SavedEncoder, load_saved_encoder, resolve_source
+    from .transfer import EXPERIMENT, check_request, load_eval_data, log_transfer, score, transfer_config
+
+    over = _overrides(overrides)
+    check_request(data, over)  # the cheap refusals first: before a store is asked or a file read
+    if log:
+        from .addresses import check_addresses
+        from .tracking import check_tracking_uri, resolve_tracking_uri
+
+        _config.check_name("--experiment", experiment or EXPERIMENT)
+        check_addresses(tracking_uri)
+        check_tracking_uri(resolve_tracking_uri(tracking_uri))
+    saved = encoder if isinstance(encoder, SavedEncoder) else load_saved_encoder(
+        resolve_source(encoder, tracking_uri), tracking_uri)
+    cfg = transfer_config(saved.config, data, over)
+    source = load_eval_data(cfg)
+    result = score(saved, cfg, source, progress)
+    if log:
+        log_transfer(result, source.records(), experiment=experiment or EXPERIMENT, tracking_uri=tracking_uri)
+    return result
+
+
+__all__ = ["SweepResult", "build_config", "evaluate", "load_encoder", "sweep", "train"]
