@@ -231,3 +231,26 @@ def test_spread_run_survives_node_loss_into_one_mlflow_run(tmp_path):
     assert down.returncode == 0 and "cluster: stopped" in down.stdout, down.stdout + down.stderr
     assert ident is not None
     assert pids_with_env(MARKER, ident) == [], f"processes carrying {MARKER}={ident} outlived `down`"
+
+
+_WITHOUT_PSYCOPG2 = """
+import sys
+sys.modules["psycopg2"] = None  # as on a machine where mocolab was installed without its cluster extra
+from pathlib import Path
+from mocolab.cluster.local import LocalCluster
+try:
+    LocalCluster(Path(sys.argv[1])).up(backend="postgres")
+except ValueError as err:
+    print("refused:", err)
+print("made:", sorted(p.name for p in Path(sys.argv[1]).glob("*")))
+"""
+
+
+def test_a_postgres_cluster_without_its_driver_is_refused_before_anything_starts(tmp_path):
+    """psycopg2 comes with `pip install 'mocolab[cluster]'`; without it the MLflow server could never reach
+    PostgreSQL, so --backend postgres says what to install, and nothing is started or written."""
+    res = subprocess.run([sys.executable, "-c", _WITHOUT_PSYCOPG2, str(tmp_path / "c")], capture_output=True,
+                         text=True, timeout=120)
+    assert "refused: --backend postgres: MLflow reaches PostgreSQL through psycopg2, which is not installed " \
+           "here: pip install 'mocolab[cluster]' (or --backend sqlite)" in res.stdout, res.stdout + res.stderr
+    assert "made: []" in res.stdout

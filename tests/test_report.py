@@ -199,7 +199,7 @@ def test_report_watch_follows_a_sweep_until_it_ends(tmp_path):
     parent, run_id, log = _running_sweep(uri)
     page = tmp_path / "watch" / "report.html"
     proc = subprocess.Popen([sys.executable, "-m", "mocolab", "report", "--experiment", "live-study", "--parent-run",
-                             parent, "--out", str(page.parent), "--tracking-uri", uri, "--watch", "--interval", "1"],
+                             parent, "--out", str(page.parent), "--tracking-uri", uri, "--watch", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 60
@@ -361,4 +361,8 @@ def test_leaderboard_command_line(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert main(["report", "--out", str(tmp_path / "x"), "--tracking-uri", uri]) == 2
     assert "--experiment required (or --leaderboard" in capsys.readouterr().err
+    for seconds in ("0", "-5"):  # the interval is --watch's own value, as in the studies
+        assert main(["report", "--experiment", "e", "--out", str(tmp_path / "x"), "--watch", seconds,
+                     "--tracking-uri", uri]) == 2
+        assert f"--watch: {seconds} must be >= 1 (seconds between rewrites)" in capsys.readouterr().err
 

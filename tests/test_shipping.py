@@ -91,3 +91,20 @@ def test_a_node_with_another_torch_is_refused_naming_both_versions(tmp_path):
     want = shipping.driver_versions()["torch"]
     assert re.search(rf"node [0-9.]+ \([0-9a-f]{{8}}\): torch 2\.0\.0, but the driver runs {re.escape(want)}; "
                      r"the versions must match", res.stdout), res.stdout[-3000:]
+
+
+def test_make_run_installs_only_what_the_main_job_uses():
+    """`make run` (on a fresh machine: nothing installed yet, -B) installs mocolab, not the test tools, the
+    cluster extra, a database server or a browser; `make test` installs those."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    run = subprocess.run(["make", "-n", "-B", "run", "VENV=/nonexistent-venv"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "pip install -q -e ." in run.stdout and "experiments/momentum_ablation.py" in run.stdout
+    for unused in ("[dev", "cluster]", "postgresql", "chromium", "lightly"):
+        assert unused not in run.stdout, f"make run installs {unused!r}:\n{run.stdout}"
+    test = subprocess.run(["make", "-n", "-B", "test", "VENV=/nonexistent-venv"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert test.returncode == 0, test.stderr
+    for needed in (".[dev,cluster]", "postgresql", "chromium", "-m pytest"):
+        assert needed in test.stdout, f"make test does not install {needed!r}:\n{test.stdout}"

@@ -82,11 +82,11 @@ def _report(args: argparse.Namespace) -> int:
                          f"every experiment)")
     from .report import build_report, watch_report
 
-    if args.interval < 1:
-        raise ValueError(f"--interval: {args.interval} must be >= 1 (seconds)")
-    if args.watch:
+    if args.watch is not None and args.watch < 1:
+        raise ValueError(f"--watch: {args.watch} must be >= 1 (seconds between rewrites)")
+    if args.watch is not None:
         try:
-            rep = watch_report(args.experiment, args.out, interval_s=args.interval, parent_run=args.parent_run,
+            rep = watch_report(args.experiment, args.out, interval_s=args.watch, parent_run=args.parent_run,
                                tracking_uri=args.tracking_uri, ui_url=args.ui_url)
         except KeyboardInterrupt:
             print(f"stopped watching; the last report is {args.out}/report.html")
@@ -100,7 +100,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _leaderboard(args: argparse.Namespace) -> int:
-    given = [flag for flag, value in (("--parent-run", args.parent_run), ("--watch", args.watch)) if value]
+    given = [flag for flag, value in (("--parent-run", args.parent_run), ("--watch", args.watch)) if value is not None]
     if given:
         raise ValueError(f"--leaderboard: ranks whole experiments; {' and '.join(given)} "
                          f"{'apply' if len(given) > 1 else 'applies'} to one sweep's report")
@@ -366,10 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     rp.add_argument("--ui-url", default="http://127.0.0.1:5000", help="MLflow UI address for the run links")
-    rp.add_argument("--watch", action="store_true",
-                    help="keep the report current while trials run (the page reloads itself); ends when nothing "
-                         "runs (with --parent-run: when the sweep has ended)")
-    rp.add_argument("--interval", type=int, default=30, help="seconds between rewrites with --watch (default 30)")
+    rp.add_argument("--watch", type=int, nargs="?", const=30, default=None, metavar="SECONDS",
+                    help="keep the report current while trials run, rewritten every SECONDS (default 30; the page "
+                         "reloads itself), as the studies' --watch; ends when nothing runs (with --parent-run: when "
+                         "the sweep has ended)")
     rp.add_argument("--leaderboard", action="store_true",
                     help="the best encoders of every experiment per data set, with their source runs, key config "
                          "fields and the baselines scored the same way")

@@ -35,6 +35,13 @@ from .postgres import Postgres, find_bindir
 STATE = "cluster.json"
 MARKER = "MOCOLAB_CLUSTER"
 BACKENDS = ("auto", "postgres", "sqlite")
+
+
+def has_postgres_driver() -> bool:
+    """psycopg2 comes with the cluster extra (``pip install 'mocolab[cluster]'``), not with every install."""
+    import importlib.util
+
+    return importlib.util.find_spec("psycopg2") is not None
 DEFAULT_DIR = Path("~/.mocolab/cluster")
 
 
@@ -218,7 +225,10 @@ class LocalCluster:
             raise ValueError(f"a cluster is already up in {self.dir} (mocolab cluster status --dir {self.dir}); "
                              f"stop it with: mocolab cluster down --dir {self.dir}")
         if backend == "auto":
-            backend = "postgres" if find_bindir() is not None else "sqlite"
+            backend = "postgres" if find_bindir() is not None and has_postgres_driver() else "sqlite"
+        elif backend == "postgres" and not has_postgres_driver():
+            raise ValueError("--backend postgres: MLflow reaches PostgreSQL through psycopg2, which is not "
+                             "installed here: pip install 'mocolab[cluster]' (or --backend sqlite)")
         if self.state is not None:  # the record of a cluster that no longer runs (a reboot): clear its remains
             self.say(f"cluster: {self.dir} records a cluster that is not running; clearing what is left of it")
             self.down()

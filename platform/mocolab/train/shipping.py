@@ -34,7 +34,7 @@ NODE_REQUIREMENTS: dict[str, str] = {
     "ray": "ray", "mlflow": "mlflow", "pandas": "pandas", "pyarrow": "pyarrow",
     "psutil": "psutil",  # MLflow's system metrics, sampled on every worker node
 }
-DRIVER_ONLY = ("matplotlib", "scipy", "optuna", "psycopg2-binary")  # psycopg2: where the MLflow server runs
+DRIVER_ONLY = ("matplotlib", "scipy", "optuna")
 # Used on a node when present, not checked: GPU metrics need it only where a GPU is (MLflow skips them without)
 NODE_OPTIONAL = ("nvidia-ml-py",)
 # Must equal the driver's: tensors, checkpoints and collectives cross these, and Ray refuses other versions.
