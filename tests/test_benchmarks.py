@@ -58,6 +58,7 @@ def test_readme_benchmark_line_runs_as_written(script):
 TIME_OVERRIDES = {
     "trial_overhead.py": ("--steps 2 --warmup 1 --set data.subset=1024 --set queue.size=256 --set eval.knn_bank=512 "
                           "--set eval.linear_train=512 --set eval.linear_steps=5", [r"not training: [\d.]+%"]),
+    "feature_batch.py": ("--images 512 --repeats 1 --batches 256,64", [r"\n\s+256\s+[\d.]+\s+\d+\s+1.00x"]),
     "probe_layout.py": ("--seeds 1 --set data.subset=2048 --set queue.size=256 --set eval.linear_steps=5",
                         [r"init, seed 0\s+float32\s+[\d.]+\s+[\d.]+\s+[\d.]+", r"raw pixels\s+float64(\s+[\d.+-]+x?){7}",
                          r"speed-up of the probe's fit, median over 4 fits: [\d.]+x"]),
