@@ -132,12 +132,14 @@ def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     small = study("momentum-cpu-quick")
     small = replace(small, name="repro-test", preset="smoke", values=(0.0, 0.99), seeds=1,
-                    extra=tuple(a for kv in [*SMALL, "optim.max_steps=4"] for a in ("--set", kv)))
+                    extra=(*(a for kv in [*SMALL, "optim.max_steps=4"] for a in ("--set", kv)),
+                           "--storage", str(tmp_path / "sweeps")))  # not the checkout's runs/
     lines: list[str] = []
     assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=1, say=lines.append) == 0
     assert any(line.startswith("$ python experiments/momentum_ablation.py --preset smoke --momenta 0,0.99")
                and "--set run.precision=fp32" in line and "--set run.threads=1" in line for line in lines)
     assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=None, say=lines.append) == 0  # the rest
+    assert (tmp_path / "sweeps" / "repro-test").is_dir()
     csv = export(small, Store(uri), tmp_path / "results")
     frame = pd.read_csv(csv, dtype={"arm": str})
     assert sorted(frame["arm"]) == ["0", "0.99", "random-init", "raw-pixels"]
