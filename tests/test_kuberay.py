@@ -1,7 +1,7 @@
 """kuberay/: every manifest checked as the Kubernetes API server would check it, and the RayJob's
 entrypoint checked as the study checks its own input. No Kubernetes runs here.
 
-RayCluster and RayJob are validated against KubeRay v1.7.0's own CRD schemas (``../shared/kuberay-crds``,
+RayCluster and RayJob are validated against KubeRay v1.7.0's own CRD schemas (``tests/kuberay-crds``,
 or ``$KUBERAY_CRDS``). The API server rejects unknown fields (strict field validation, and structural
 schemas prune them), so every object schema that lists its properties is closed here
 (``additionalProperties: false``) unless it says ``x-kubernetes-preserve-unknown-fields``; the CEL rules
@@ -31,7 +31,7 @@ from conftest import CI
 
 REPO = Path(__file__).resolve().parents[1]
 KUBERAY = REPO / "kuberay"
-CRDS = Path(os.environ.get("KUBERAY_CRDS", REPO.parent / "shared" / "kuberay-crds"))
+CRDS = Path(os.environ.get("KUBERAY_CRDS", REPO / "tests" / "kuberay-crds"))
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # RFC 1123 label: Service and claim names
 
 
