@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 DURATIONS = Path(__file__).with_name("durations.json")
+# A test that took longer than this in tests/durations.json is slow whether or not it says so: `make test-fast`
+# (-m "not slow") is the contributors' inner loop and stays within a minute; `make test` runs every test.
+SLOW_SECONDS = 2.0
 # Under pytest-xdist each worker is one of PYTEST_XDIST_WORKER_COUNT processes sharing the cores.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -189,6 +192,7 @@ def stop_mlflow_server(proc: subprocess.Popen) -> None:
 def pytest_collection_modifyitems(config, items):
     """The longest tests first (from ``tests/durations.json``), so two workers finish together; a module
     whose tests share a module-scoped fixture stays on one worker (``--dist loadgroup``), which builds it once.
+    A test measured over SLOW_SECONDS is marked slow (before ``-m`` selects).
 
     Tests missing from the file count as the median test. Every worker sorts the same way (xdist needs it).
     """
@@ -196,6 +200,8 @@ def pytest_collection_modifyitems(config, items):
     typical = sorted(known.values())[len(known) // 2] if known else 1.0
     groups: dict[str, float] = {}
     for item in items:
+        if known.get(item.nodeid, 0.0) > SLOW_SECONDS and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
         shared = any(d.scope in ("module", "class") for defs in item._fixtureinfo.name2fixturedefs.values()
                      for d in defs)
         if shared and item.get_closest_marker("xdist_group") is None:

@@ -1,7 +1,9 @@
-"""README's speed block, run as written: each benchmark line prints its figures.
+"""The performance page's benchmark blocks, each line run as written with a size override appended (fewer
+steps, rounds or images: the figures are RESULTS.md's, what is checked here is that each line runs and
+prints them).
 
-The lines come from README (the block after its speed-benchmarks mark), so
-README and this test cannot drift apart. The peer line needs lightly beside
+The lines come from docs/performance.md (the blocks after its speed-benchmarks and time-benchmarks
+marks), so the page and this test cannot drift apart. The peer line needs lightly beside
 the venv (README says how to put it there; that needs PyPI), and is skipped
 where it is not.
 """
@@ -17,13 +19,17 @@ import pytest
 from readme_blocks import commands
 
 REPO = Path(__file__).resolve().parents[1]
-# what each script must print: its figures, not just a clean exit
+# what each script must print: its figures, not just a clean exit; and the size override appended
 EXPECTED = {
-    "step_ab.py": [r"variant\s+images/s", r"all\s+\d+\s+\d\.\d\d"],
-    "roofline.py": [r"dense matmul peak \(fp32", r"GFLOP per step, [\d.]+ steps/s .* of the fp32 matmul peak"],
-    "profile_step.py": [r"steps, batch 256", r"Self CPU time total"],
-    "augment_vs_torchvision.py": [r"mocolab TwoViews \(batched\)\s+\d+ images/s", r"per PIL image\s+\d+ images/s"],
-    "peer_lightly.py": [r"lightly-style pipeline, with mocolab's allocator setting:\s+\d+", r"mocolab step, fp32:\s+\d+"],
+    "step_ab.py": ("--rounds 1 --steps 1 --set data.subset=1024 --set queue.size=256",
+                   [r"variant\s+images/s", r"all\s+\d+\s+\d\.\d\d"]),
+    "roofline.py": ("--steps 2 --warmup 1 --preset smoke",
+                    [r"dense matmul peak \(fp32", r"GFLOP per step, [\d.]+ steps/s .* of the fp32 matmul peak"]),
+    "profile_step.py": ("--steps 1 --warmup 1", [r"steps, batch 256", r"Self CPU time total"]),
+    "augment_vs_torchvision.py": ("--batches 2 --batch 64", [r"mocolab TwoViews \(batched\)\s+\d+ images/s",
+                                                  r"per PIL image\s+\d+ images/s"]),
+    "peer_lightly.py": ("--steps 2 --warmup 1", [r"lightly-style pipeline, with mocolab's allocator setting:\s+\d+",
+                                                 r"mocolab step, fp32:\s+\d+"]),
 }
 
 
@@ -47,11 +53,12 @@ def test_readme_block_names_every_benchmark_once():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(EXPECTED))
-def test_readme_benchmark_line_runs_as_written(script):
+def test_readme_benchmark_line_runs_with_a_size_override(script):
     line = next(line for line in _lines() if f"benchmarks/{script}" in line)
     if "lightly-pkgs" in line and not (Path("/tmp/lightly-pkgs") / "lightly").is_dir():
         pytest.skip("lightly is not installed beside the venv (README: pip install --no-deps --target ...)")
-    _run_and_check(script, line, EXPECTED[script])
+    extra, patterns = EXPECTED[script]
+    _run_and_check(script, f"{line} {extra}", patterns)
 
 
 # README's time-to-result block, each line with a size override appended (its figures are RESULTS.md's)

@@ -136,6 +136,7 @@ def test_unknown_preset_lists_valid_ones():
     ("moco.m", "expected section.key=value"),
     ("queue.size=abc", "queue.size: 'abc' is not a valid int"),
     ("queue.size=10.5", "queue.size: 10.5 is not a valid int"),
+    ("run.log_models=maybe", r"run.log_models: 'maybe' is not a bool \(true or false\)"),
 ])
 def test_bad_overrides(item, match):
     with pytest.raises(ValueError, match=match):

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
 TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024,
-        "eval.linear_steps": 20, "optim.max_steps": 12, "queue.size": 512}
+        "eval.linear_steps": 20, "optim.max_steps": 12, "queue.size": 512, "run.log_models": False}
 
 
 def _cfg(tmp_path: Path, **over):
@@ -217,7 +217,7 @@ def test_local_mode_restarts_from_its_checkpoint_like_ray_workers(tmp_path):
 
 STUDY_TINY = ["--set=data.subset=1024", "--set=eval.knn_bank=1024", "--set=eval.knn_test=500",
               "--set=eval.linear_train=1024", "--set=eval.linear_steps=20", "--set=optim.max_steps=24",
-              "--set=queue.size=512"]
+              "--set=queue.size=512", "--set=run.log_models=false"]
 
 
 def _study_cmd(*extra: str, workers: int = 0) -> list[str]:

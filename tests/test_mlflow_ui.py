@@ -37,7 +37,7 @@ ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 # As tests/test_tune.py's TINY: two trials of 10 steps on 1,024 images (the queue must be below the subset).
-TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024,
+TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024, "run.log_models": False,
         "eval.linear_steps": 20, "optim.max_steps": 10, "queue.size": 512}
 MOMENTA = ("0.9", "0.99")
 
@@ -214,6 +214,14 @@ def test_a_new_user_finds_the_runs_and_plots_linear_top1_against_m(sweep, ui):
             text = page.inner_text("body")
             assert all(name in text for name in names) and "linear_top1" in text and "moco.m" in text
             page.screenshot(path=str(ARTIFACTS / "mlflow-compare.png"), full_page=True)
+            # the page opens on a parallel-coordinates plot of the first three params that differ (sorted) and
+            # the first metric: what the study varies is an axis, a trial's own name is not
+            page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                                   ".some(g => g.data && g.data[0] && g.data[0].type === 'parcoords')")
+            axes = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+                .map(g => g.data && g.data[0]).filter(d => d && d.type === 'parcoords')[0]
+                .dimensions.map(d => d.label)""")
+            assert "moco.m" in axes and "run.name" not in axes, axes
 
             page.get_by_text("Scatter Plot", exact=True).click()
             page.locator("#x-axis-selector").click()

@@ -102,3 +102,27 @@ def test_logging_again_keeps_one_model_per_name(logged):
     assert again == {"encoder": uris["encoder"]}
     outputs = MlflowClient(uri).get_run(run_id).outputs.model_outputs
     assert len(outputs) == 2  # encoder and classifier, once each
+
+
+@pytest.mark.slow
+def test_a_run_with_log_models_false_keeps_its_checkpoint_and_logs_no_model(tmp_path):
+    """``run.log_models=false``: a sweep of many trials leaves the Models list empty; a study that would
+    register its best trial's model is refused before any work."""
+    from mocolab.train import fit
+    from mocolab.tune.spec import Sweep, Trial, check_sweep
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "queue.size": 128,
+                                 "optim.batch_size": 32, "optim.max_steps": 2, "eval.knn_bank": 128,
+                                 "eval.knn_test": 64, "eval.linear_train": 128, "eval.linear_steps": 2,
+                                 "run.log_models": False, "run.output_dir": str(tmp_path / "runs")})
+    out = fit(cfg, tracking_uri=uri)
+    run = MlflowClient(uri).get_run(out.mlflow_run_id)
+    assert out.status == "finished" and "linear_top1" in run.data.metrics
+    assert not run.outputs.model_outputs and list((tmp_path / "runs").rglob("*.pt"))
+    sweep = Sweep(study="e", name="s", preset="smoke", description="", base_overrides={"run.log_models": "false"},
+                  trials=[Trial("a", {})], tracking_uri=uri, register="best")
+    with pytest.raises(ValueError, match=r"^--register: run.log_models=false leaves no trial a model"):
+        check_sweep(sweep)
+    sweep.base_overrides["run.log_models"] = "true"
+    check_sweep(sweep)

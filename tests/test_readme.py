@@ -6,7 +6,9 @@ for 4 steps; study lines on the smoke preset (the ViT study: its own, at batch 6
 ``--workers-per-trial 0`` (each trial trains in its trial's process; studies on Ray Train workers are
 test_faults.py's and the cluster tests') and ``--max-concurrent 1 --stop-after 1``, so a
 study builds its whole grid (and says how many trials it holds), runs one trial of it to the end, and stops
-as a resumable ``partial`` sweep. What is checked is that each command as written works, not what it learns:
+as a resumable ``partial`` sweep. Lines whose runs no later command reads as MLflow models (the studies, the
+methods' trainings) also get ``run.log_models=false``: the models are the train blocks' claim, here and in
+test_models.py. What is checked is that each command as written works, not what it learns:
 the studies' outcomes are tests/test_tune.py's.
 """
 
@@ -34,8 +36,8 @@ needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNI
 # process, one trial of the study.
 SMALL_STUDY = ["--preset", "smoke", "--set", "data.subset=1024", "--set", "optim.max_steps=8", "--set",
                "eval.knn_bank=1024", "--set", "eval.knn_test=500", "--set", "eval.linear_train=1024", "--set",
-               "eval.linear_steps=20", "--set", "queue.size=256", "--max-concurrent", "1", "--stop-after", "1",
-               "--workers-per-trial", "0"]
+               "eval.linear_steps=20", "--set", "queue.size=256", "--set", "run.log_models=false",
+               "--max-concurrent", "1", "--stop-after", "1", "--workers-per-trial", "0"]
 # Appended to each `mocolab train` line: whatever its preset, 1,024 images, batch 64, 4 steps of one epoch.
 SMALL_TRAIN = ["--set", "data.subset=1024", "--set", "optim.batch_size=64", "--set", "queue.size=256", "--set",
                "optim.epochs=1", "--set", "optim.warmup_epochs=0", "--set", "optim.max_steps=4", "--set",
@@ -160,7 +162,7 @@ def test_readme_method_blocks_run(tmp_path, name, trials):
     trains = [line for line in lines if "mocolab train" in line]
     studies = [line for line in lines if "experiments/" in line]
     assert trains and studies and len(trains) + len(studies) == len(lines)
-    _run(trains, work, SMALL_TRAIN)
+    _run(trains, work, SMALL_TRAIN + ["--set", "run.log_models=false"])
     held = [_one_trial_of(res) for line in studies for res in _run([line], work, _small_study(line))]
     for want, got in zip(trials, held):
         assert want is None or got == want, (name, held)

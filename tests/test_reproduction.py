@@ -21,7 +21,8 @@ from mocolab.tracking import MetricsLogger, RunTracker, Store
 
 REPO = Path(__file__).resolve().parents[1]
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
-SMALL = ["data.subset=512", "queue.size=256", "eval.knn_bank=512", "eval.linear_train=512", "eval.knn_test=300", "eval.linear_steps=10"]
+SMALL = ["data.subset=512", "queue.size=256", "eval.knn_bank=512", "eval.linear_train=512", "eval.knn_test=300", "eval.linear_steps=10",
+         "run.log_models=false"]
 
 
 @needs_fmnist

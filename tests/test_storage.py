@@ -16,7 +16,8 @@ from mocolab.train.checkpoint import LOCAL_CHECKPOINT
 
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 TINY = {"data.subset": 1024, "eval.knn_bank": 512, "eval.knn_test": 300, "eval.linear_train": 512,
-        "eval.linear_steps": 10, "optim.max_steps": 12, "queue.size": 512, "run.experiment": "storage"}
+        "eval.linear_steps": 10, "optim.max_steps": 12, "queue.size": 512, "run.experiment": "storage",
+        "run.log_models": False}
 
 
 def test_uris_are_never_made_local_paths(tmp_path, monkeypatch):

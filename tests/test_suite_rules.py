@@ -66,3 +66,22 @@ def test_a_group_runs_on_one_worker(pytester, monkeypatch, tmp_path):
     result.assert_outcomes(passed=7)
     workers = (tmp_path / "workers.txt").read_text().split()
     assert len(workers) == 3 and len(set(workers)) == 1, workers
+
+
+def test_make_test_fast_leaves_out_every_test_measured_slow():
+    """`make test-fast` selects -m "not slow": a test that took over SLOW_SECONDS in tests/durations.json is
+    not in it, marked or not."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import DURATIONS, SLOW_SECONDS
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow", "-p", "no:cacheprovider"],
+                         cwd=repo, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    fast = [line for line in out.stdout.splitlines() if "::" in line]
+    known = json.loads(DURATIONS.read_text())
+    assert len(fast) > 100 and max(known.values()) > SLOW_SECONDS
+    assert not [t for t in fast if known.get(t, 0.0) > SLOW_SECONDS]

@@ -23,7 +23,8 @@ from readme_blocks import commands
 # a trial trained in the trial's own process, a small evaluation, one trial per invocation
 SMALL = ["--preset", "smoke", "--set", "optim.max_steps=4", "--set", "eval.knn_every=0", "--set",
          "eval.knn_bank=512", "--set", "eval.knn_test=200", "--set", "eval.linear_train=512", "--set",
-         "eval.linear_steps=5", "--set", "run.system_metrics_s=0", "--workers-per-trial", "0",
+         "eval.linear_steps=5", "--set", "run.system_metrics_s=0", "--set", "run.log_models=false",
+         "--workers-per-trial", "0",
          "--max-concurrent", "1", "--stop-after", "1"]
 
 

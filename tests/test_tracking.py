@@ -33,7 +33,7 @@ def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
     assert run.info.status == "FINISHED" and run.data.tags["mocolab.status"] == "finished"
     assert run.data.metrics["linear_top1"] == pytest.approx(out.linear_top1)
     assert sorted(m.step for m in client.get_metric_history(out.mlflow_run_id, "loss")) == [8, 10]
-    assert run.data.params["run.name"] == "over-http"
+    assert run.info.run_name == "over-http" and "run.name" not in run.data.params  # a trial's name is no axis
     assert (tmp_path / "artifacts").exists()  # the config artifact went through the server
     # the encoder went through the server too (MLflow's artifact proxy): export and register it from there
     from mocolab.cli import main

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
 TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024,
-        "eval.linear_steps": 20, "optim.max_steps": 10, "queue.size": 512}
+        "eval.linear_steps": 20, "optim.max_steps": 10, "queue.size": 512,
+        "run.log_models": False}  # no trial here is about its MLflow models but the --register one
 
 
 def _sweep(tmp_path: Path, trials: list[Trial], **kw) -> Sweep:
@@ -207,7 +208,7 @@ def test_queue_study_searches_with_optuna_and_asha(tmp_path):
 def test_bn_study_logs_pretext_accuracy(tmp_path):
     """Also what a study prints by default (its own lines, not Ray's), --watch and --register."""
     res = _study(tmp_path, "augmentation_ablation.py", "--what", "bn", "--set=queue.size=512", "--watch", "2",
-                 "--register", "bn-best")
+                 "--register", "bn-best", "--set=run.log_models=true")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     _check_console(res.stdout + res.stderr, ["bn=plain seed=0", "bn=split seed=0"])
     live = tmp_path / "sweeps" / "augmentation-smoke-s0" / "report" / "report.html"

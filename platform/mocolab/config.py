@@ -156,6 +156,9 @@ class RunConfig:
     keep_checkpoints: int = 2
     step_metrics_every: int = 1  # per-step metrics (m, first-layer gradient norm) at every N-th step
     system_metrics_s: float = 10.0  # MLflow system metrics (CPU, memory, GPU) from every worker node, every N s; 0 = off
+    # a finished run logs its encoder and probe as MLflow models (a torch.export each, seconds on a CPU); a
+    # sweep of many trials may leave them out and keep only its checkpoints
+    log_models: bool = True
     max_failures: int = 2  # worker restarts from the latest checkpoint before the run fails
     fault_step: int = 0  # testing: one worker exits at this step on the first attempt (0 = never)
 
@@ -376,6 +379,11 @@ def _coerce(dotted: str, value: Any, typ: Any) -> Any:
             return None
         if value is None or text != "str":  # a string field may hold the word: augment.preset=none
             raise ValueError(f"{dotted}: may not be empty")
+    if text.startswith("bool"):
+        word = str(value).lower()
+        if word in ("1", "true", "yes", "0", "false", "no"):
+            return word in ("1", "true", "yes")
+        raise ValueError(f"{dotted}: {value!r} is not a bool (true or false)")
     try:
         if text.startswith("float"):
             if isinstance(value, bool):
@@ -387,10 +395,6 @@ def _coerce(dotted: str, value: Any, typ: Any) -> Any:
             return int(value)
         if text.startswith("str"):
             return str(value)
-        if text.startswith("bool"):
-            if isinstance(value, str):
-                return value.lower() in ("1", "true", "yes")
-            return bool(value)
     except (TypeError, ValueError):
         raise ValueError(f"{dotted}: {value!r} is not a valid {text}") from None
     return value
@@ -614,7 +618,7 @@ def _later_default(key: str, value: Any) -> bool:
 # ignores them.  Every other field is part of the run's identity (``fingerprint``).
 RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.placement", "run.output_dir",
                     "run.keep_checkpoints", "run.checkpoint_every", "run.system_metrics_s", "run.step_metrics_every",
-                    "run.fault_step", "run.preset", "run.name",
+                    "run.fault_step", "run.preset", "run.name", "run.log_models",
                     "data.loader", "data.memory_budget_mb", "data.stream_tasks",
                     "data.max_bad_fraction")  # how, not what, is read
 

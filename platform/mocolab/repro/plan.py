@@ -43,6 +43,8 @@ MOMENTA = (0.0, 0.9, 0.99, 0.999, 0.9999)
 STUDIES: tuple[Study, ...] = (
     Study("momentum-cpu-quick", "momentum_ablation.py", "cpu-quick", "moco.m", MOMENTA, 5, "--momenta",
           "Momentum of the key encoder, cpu-quick budget"),
+    Study("momentum-cpu-full", "momentum_ablation.py", "cpu-full", "moco.m", MOMENTA, 5, "--momenta",
+          "Momentum of the key encoder, cpu-full budget"),
 )
 
 

@@ -154,8 +154,11 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
     run_id, resumed = None, False
     if log_to_mlflow:
         tracker = RunTracker(uri, cfg.run.experiment)
+        # params: the config less its run's name, which MLflow holds as the run's own name: as a param it
+        # differs in every trial and becomes an axis of the compare page's parallel-coordinates plot
+        params = {k: v for k, v in cfg.flatten().items() if k != "run.name"}
         run_id, resumed = tracker.start(
-            name, cfg.flatten(), cfg.to_dict(),
+            name, params, cfg.to_dict(),
             tags={"preset": cfg.run.preset, "mocolab.config_fingerprint": fingerprint(cfg),
                   CHECKPOINT_DIR_TAG: run_dir.location, **(tags or {})},
             parent_run_id=parent_run_id, display_name=display_name)

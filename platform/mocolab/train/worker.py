@@ -279,6 +279,6 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
             run_dir.write_text(UNSENT_METRICS, logger.unsent())
             print(f"MLflow: the tracking store did not take {logger.lost} batch(es) of metrics; they are kept in "
                   f"{run_dir.child(UNSENT_METRICS).location} and the same command sends them")
-        if result.probe is not None:  # a finished run: its encoder and probe as MLflow models
+        if result.probe is not None and cfg.run.log_models:  # a finished run: its encoder and probe as models
             log_trained_models(trainer, result, loop_config)
     _report(session, trainer, loop_config["config"], final, keep)

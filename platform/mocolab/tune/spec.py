@@ -153,6 +153,8 @@ def check_sweep(sweep: Sweep) -> None:
         check_name("--register", sweep.register)
         if sweep.register_metric not in REGISTER_METRICS:
             raise ValueError(f"--register-metric: {sweep.register_metric!r} is not one of {list(REGISTER_METRICS)}")
+        if not build_config(sweep.preset, {**sweep.base_overrides}).run.log_models:
+            raise ValueError("--register: run.log_models=false leaves no trial a model to register; drop one")
 
 
 REGISTER_METRICS = {"linear_top1": "max", "knn_top1": "max", "val_linear_top1": "max", "val_knn_top1": "max",
