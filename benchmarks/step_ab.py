@@ -20,7 +20,7 @@ from _steps import held_batches, timed_steps, with_kornia_crop, with_relu_before
 from mocolab.config import build_config
 from mocolab.hardware import keep_freed_memory
 from mocolab.loop import Trainer
-from mocolab.moco_loss import info_nce
+from mocolab.losses import queue_info_nce
 from mocolab.norm import SplitBatchNorm2d
 
 
@@ -54,9 +54,8 @@ def unfused_loss(tr: Trainer) -> None:
     """Before: InfoNCE over the concatenated logits, with a copy of the queue for backward."""
     queue = tr.model.queue
 
-    def contrast(q, l_pos, tau):
-        loss, logits = info_nce(l_pos, q @ queue.keys.detach().clone().T, tau)
-        return loss, logits.detach().argmax(dim=1) == 0
+    def contrast(q, l_pos, tau, negatives=None):
+        return queue_info_nce(q, l_pos, (negatives if negatives is not None else queue.snapshot()).read(), tau)
 
     queue.contrast = contrast
 

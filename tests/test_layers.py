@@ -139,7 +139,7 @@ def test_tracking_analysis_and_cluster_never_import_ray():
 
 def test_method_layer_never_imports_ray_mlflow_or_upper_layers():
     method = ["moco", "queue", "norm", "dist", "models", "augment", "data", "evaluation", "config", "loop", "rng",
-              "hardware", "schedule", "moco_loss", "negatives", "diagnostics", "vit", "optimizers", "sources",
+              "hardware", "schedule", "losses", "negatives", "diagnostics", "vit", "optimizers", "sources",
               "pooling"]
     for name in method:
         imported = _imports(PACKAGE / f"{name}.py")

@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 from test_dist import launch
 
-from mocolab.negatives import MemoryBank, nt_xent
+from mocolab.dist import gather_with_grad
+from mocolab.losses import nt_xent
+from mocolab.negatives import MemoryBank
 
 TAU = 0.5
 
@@ -103,7 +105,7 @@ def _nt_xent_rank(rank: int, world: int, n: int) -> dict:
     z1, z2 = _pairs(n * world)
     mine = slice(rank * n, (rank + 1) * n)
     a, b = z1[mine].clone().requires_grad_(), z2[mine].clone().requires_grad_()
-    loss, correct = nt_xent(a, b, TAU)
+    loss, correct = nt_xent(a, b, TAU, rank=rank, gather=gather_with_grad)
     loss.backward()
     return {"loss": loss.detach(), "grad1": a.grad, "grad2": b.grad, "correct": correct}
 

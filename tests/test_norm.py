@@ -116,3 +116,18 @@ def test_shuffle_then_unshuffle_is_identity():
     # a row-wise function commutes with the shuffle
     f = lambda t: t * 2 + 1  # noqa: E731
     assert torch.equal(sh.unshuffle(f(y), restore), f(x))
+
+
+@pytest.mark.parametrize("mode, groups, shuffled", [("plain", 1, False), ("groups", 4, False), ("split", 4, True)])
+def test_each_bn_mode_is_its_groups_and_its_shuffle(mode, groups, shuffled):
+    """The batch-norm study's arms differ in one thing at a time: plain -> groups adds the groups,
+    groups -> split adds the shuffle."""
+    from mocolab.config import build_config
+    from mocolab.loop import Trainer
+    from mocolab.norm import NoShuffle
+
+    tr = Trainer(build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "queue.size": 128,
+                                        "optim.batch_size": 32, "moco.bn": mode}))
+    bns = [m for m in tr.model.encoder_q.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and {getattr(m, "groups", 1) for m in bns} == {groups}
+    assert isinstance(tr.model.shuffler, LocalShuffle if shuffled else NoShuffle)

@@ -114,7 +114,7 @@ def test_readme_sweeps_and_report_blocks_run(tmp_path):
     assert momentum == 2 * 6  # --seeds 2 over m in {0, .5, .9, .99, .999, .9999}
     assert search == 6  # --samples 6
     assert grid == 3  # every K: 128, 256 and 512 of 1,024 images (batch 128)
-    assert augmentation == 5 + 2  # none/crop/mocov1/2/3, bn split/plain
+    assert augmentation == 5 + 3  # none/crop/mocov1/2/3, bn split/groups/plain
     client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     for name in ("momentum-ablation", "queue-ablation", "augmentation-ablation"):
         runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])

@@ -210,13 +210,14 @@ def test_bn_study_logs_pretext_accuracy(tmp_path):
     res = _study(tmp_path, "augmentation_ablation.py", "--what", "bn", "--set=queue.size=512", "--watch", "2",
                  "--register", "bn-best", "--set=run.log_models=true")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    _check_console(res.stdout + res.stderr, ["bn=plain seed=0", "bn=split seed=0"])
+    _check_console(res.stdout + res.stderr, ["bn=groups seed=0", "bn=plain seed=0", "bn=split seed=0"])
     live = tmp_path / "sweeps" / "augmentation-smoke-s0" / "report" / "report.html"
     assert f"live report: {live}" in res.stdout and live.exists() and "http-equiv" not in live.read_text()
     assert "Registered the best trial by linear_top1" in res.stdout
     assert "bn=shuffle needs --workers-per-trial >= 2" in res.stdout
     client, parents, children = _parent_and_children(tmp_path, "augmentation-ablation")
-    assert sorted(r.data.tags["trial"] for r in children) == ["bn=plain seed=0", "bn=split seed=0"]
+    assert sorted(r.data.tags["trial"] for r in children) == ["bn=groups seed=0", "bn=plain seed=0",
+                                                               "bn=split seed=0"]
     for r in children:
         history = client.get_metric_history(r.info.run_id, "pretext_acc")
         assert history and all(0.0 <= m.value <= 1.0 for m in history)

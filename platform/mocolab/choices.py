@@ -23,7 +23,8 @@ SYNTHETIC_SIZE = 28
 
 # dist.py: queue.layout, and moco.bn (how key batch-norm is kept from cheating)
 QUEUE_LAYOUTS = ("replicated", "sharded")
-BN_MODES = ("shuffle", "split", "sync", "plain")
+# groups: split's virtual groups with the keys unshuffled, the arm that tells the shuffle from the groups
+BN_MODES = ("shuffle", "split", "groups", "sync", "plain")
 
 # hardware.py: run.device and run.precision
 DEVICES = ("auto", "cpu", "cuda")

@@ -512,7 +512,7 @@ def validate(cfg: Config) -> Config:
     ws = cfg.world_size
     if o.batch_size % ws:
         raise ValueError(f"optim.batch_size: {o.batch_size} must be a multiple of run.num_workers={ws}")
-    if mc.bn == "split":
+    if mc.bn in ("split", "groups"):
         g = mc.bn_groups
         _range("moco.bn_groups", g, 1)
         if cfg.per_rank_batch % g:

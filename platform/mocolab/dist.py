@@ -31,8 +31,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .choices import BN_MODES, QUEUE_LAYOUTS as LAYOUTS  # noqa: F401  (moco.bn, queue.layout: choices.py)
+from .losses import sharded_queue_info_nce
 from .norm import LocalShuffle, NoShuffle
-from .queue import KeyQueue
+from .queue import KeyQueue, KeySnapshot
 
 # gloo gained reduce_scatter in torch 2.8; older gloo falls back to all_reduce + slice.
 _TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -189,15 +190,16 @@ def build_shuffler(bn_mode: str, generator_seed: int | None = None):
 
     shuffle -> CrossRankShuffle (seed ``generator_seed``, 0 if None); split ->
     LocalShuffle (own generator when a seed is given, else the global RNG);
-    plain / sync -> NoShuffle (sync normalises over the global batch, so there
-    is nothing to hide).
+    plain / groups / sync -> NoShuffle (groups: split's statistics with the keys left
+    where their queries are, which isolates what the shuffle does; sync normalises
+    over the global batch, so there is nothing to hide).
     """
     if bn_mode == "shuffle":
         return CrossRankShuffle(0 if generator_seed is None else generator_seed)
     if bn_mode == "split":
         gen = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
         return LocalShuffle(gen)
-    if bn_mode in ("plain", "sync"):
+    if bn_mode in ("plain", "groups", "sync"):
         return NoShuffle()
     raise ValueError(f"moco.bn: unknown mode {bn_mode!r}; allowed {', '.join(BN_MODES)}")
 
@@ -274,30 +276,19 @@ class ShardedKeyQueue(KeyQueue):
         full = F.normalize(torch.randn(size, dim, generator=generator), dim=1)  # K×C, as KeyQueue draws it
         self.keys.copy_(full.view(size // g, world, batch_size, dim)[:, rank].reshape(size // world, dim))
 
-    def contrast(self, q: torch.Tensor, l_pos: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: B×C this rank's queries, l_pos: B×1 -> (mean InfoNCE over this rank's B queries, correct B).
+    def contrast(self, q: torch.Tensor, l_pos: torch.Tensor, tau: float,
+                 negatives: KeySnapshot | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: B×C this rank's queries, l_pos: B×1 -> (mean InfoNCE over this rank's B queries, correct B);
+        ``negatives``: this rank's shard as ``snapshot`` took it.
 
         Equal (to float tolerance) to KeyQueue.contrast of q against all K keys.
         """
         b = q.shape[0]
         if b != self.batch_size:
             raise ValueError(f"contrast got {b} queries; the queue was built for batches of {self.batch_size}")
-        rank, world = self.rank, self.world_size
-        queries = gather_with_grad(q)  # (B·W)×C, rank-major; gradients go back to their owners
-        neg = self.negative_logits(queries) / tau  # (B·W)×(K/W): every query against the local shard
-        with torch.no_grad():  # global max negative per query: the LSE shift, and what a positive must beat
-            m = neg.max(dim=1).values  # B·W
-            if world > 1:
-                dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        # exp(neg - m) <= 1, and the arg-max term is 1 on its rank, so the summed S >= 1: no overflow, no log 0
-        part = torch.exp(neg - m[:, None]).sum(dim=1)  # B·W partial denominators of this shard
-        s = reduce_scatter_with_grad(part)  # B: this rank's queries, summed over all K negatives
-        m_own = m.view(world, b)[rank]  # B
-        pos = l_pos.squeeze(1) / tau  # B
-        lse = torch.logaddexp(pos, m_own + torch.log(s))  # B: log Σ over [positive, all K negatives]
-        loss = (lse - pos).mean()
-        correct = pos.detach() >= m_own  # ties go to the positive, as argmax(...) == 0 does
-        return loss, correct
+        shard = (negatives if negatives is not None else self.snapshot()).read()
+        return sharded_queue_info_nce(q, l_pos, shard, tau, rank=self.rank, gather=gather_with_grad,
+                                      reduce_scatter=reduce_scatter_with_grad)
 
     @torch.no_grad()
     def _global_order(self, local: torch.Tensor) -> torch.Tensor:

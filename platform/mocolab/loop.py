@@ -211,7 +211,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(rng.stream_seed("init", seed))  # the same initial weights on every rank
             mc, mo, vit = cfg.moco, cfg.model, cfg.vit
-            groups = mc.bn_groups if mc.bn == "split" else 1
+            groups = mc.bn_groups if mc.bn in ("split", "groups") else 1
             self.v3 = mc.version == "v3"
             encoder = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim,
                                     hidden=mo.hidden, bn_groups=groups, predictor=self.v3, image_size=size,

@@ -19,7 +19,7 @@ from torch import nn
 
 from .choices import VERSIONS  # noqa: F401  (moco.version: choices.py)
 from .dist import gather_no_grad, rank_and_world
-from .moco_loss import info_nce  # noqa: F401  (re-exported: the loss belongs to the method)
+from .losses import v3_info_nce
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
 
@@ -87,14 +87,15 @@ class MoCo(nn.Module):
 
     def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
         """``index``: the batch's images in the training set, recorded with their keys (key drift)."""
+        negatives = self.queue.snapshot()  # the keys of earlier steps: contrast fails if enqueue ran first
         with self._autocast(im_q):
             q = self.encoder_q(im_q)
         q = F.normalize(q.float(), dim=1)  # queries: N×C
         self.momentum_update()
         k = self.compute_keys(im_k)  # keys: N×C, no gradient
         l_pos = (q * k).sum(dim=1, keepdim=True)  # N×1
-        loss, correct = self.queue.contrast(q, l_pos, self.tau)  # against N×K negatives, wherever they live
-        written = self.queue.enqueue(k, int(self.step), index)
+        loss, correct = self.queue.contrast(q, l_pos, self.tau, negatives)  # N×K negatives, wherever they live
+        written = self.queue.enqueue(k, int(self.step), index)  # in place: backward does not read the keys
         self.step += 1
         return MoCoOutput(loss, correct, k, written)
 
@@ -114,12 +115,7 @@ class MoCoV3(MoCo):
 
     def contrast(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One direction: q (B×C, normalised) against every rank's k; (2τ·CE, correct per query)."""
-        k_all = gather_no_grad(k)  # (B·W)×C, rank-major
-        rank, _ = rank_and_world()
-        logits = q @ k_all.T / self.tau
-        labels = torch.arange(q.shape[0], device=q.device) + q.shape[0] * rank
-        loss = F.cross_entropy(logits, labels) * (2 * self.tau)
-        return loss, logits.detach().argmax(dim=1) == labels
+        return v3_info_nce(q, k, self.tau, rank=rank_and_world()[0], gather=gather_no_grad)
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
         with self._autocast(x1):

@@ -25,36 +25,12 @@ from torch import nn
 
 from .choices import NEGATIVE_SOURCES as SOURCES  # noqa: F401  (moco.negatives: choices.py)
 from .dist import gather_no_grad, gather_with_grad, rank_and_world
+from .losses import info_nce, nt_xent
 from .moco import MoCoOutput
-from .moco_loss import info_nce
 from .norm import NoShuffle
 from .queue import WrittenAges
 
 BANK_SEED = 0x8A4C  # the bank's negative draws: one stream, the same on every rank (replicated banks agree)
-
-
-def nt_xent(z1: torch.Tensor, z2: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """SimCLR's NT-Xent of this rank's B pairs (z1[i], z2[i], normalised) over the global batch.
-
-    Every view of the global batch (gathered with autograd, so the gradient of
-    a rank's loss reaches the views other ranks computed) is a candidate; a
-    view is never its own negative.  Returns (mean over this rank's 2B queries,
-    correct 2B: the other view scored highest).  The mean of the ranks' losses
-    is the loss over all 2·B·W queries, and DDP's average of the ranks'
-    gradients is its gradient.
-    """
-    b = z1.shape[0]
-    rank, world = rank_and_world()
-    keys = torch.cat([gather_with_grad(z1), gather_with_grad(z2)])  # 2·B·W candidates: views 1, then views 2
-    queries = torch.cat([z1, z2])  # 2B
-    logits = queries @ keys.T / tau
-    n = b * world
-    own = torch.arange(b, device=z1.device) + b * rank  # this rank's images in the gathered order
-    self_col = torch.cat([own, own + n])  # each query's own column
-    positive = torch.cat([own + n, own])  # the other view of its image
-    logits = logits.masked_fill(F.one_hot(self_col, 2 * n).bool(), float("-inf"))
-    loss = F.cross_entropy(logits, positive)
-    return loss, logits.detach().argmax(dim=1) == positive
 
 
 class InBatchContrast(nn.Module):
@@ -74,7 +50,7 @@ class InBatchContrast(nn.Module):
                             enabled=self.encoder_dtype is not None):
             z = self.encoder_q(torch.cat([x1, x2]))  # one pass: DDP sees one forward per backward
         z = F.normalize(z.float(), dim=1)
-        loss, correct = nt_xent(z[:b], z[b:], self.tau)
+        loss, correct = nt_xent(z[:b], z[b:], self.tau, rank=rank_and_world()[0], gather=gather_with_grad)
         self.step += 1
         return MoCoOutput(loss, correct, z[b:].detach())
 

@@ -5,7 +5,9 @@ the same samples, so the encoder can match them by the batch signature alone
 and the pretext task "cheats".  MoCo's shuffle BN computes keys on a batch
 permuted across devices.  One process has no devices to shuffle across, so
 ``SplitBatchNorm`` normalises G virtual groups separately (as if on G devices)
-and ``LocalShuffle`` permutes the key batch across those groups.
+and ``LocalShuffle`` permutes the key batch across those groups. ``bn=groups``
+keeps the groups and drops the shuffle: a query and its key then share a
+group's statistics again, which is what the shuffle exists to prevent.
 """
 
 from __future__ import annotations

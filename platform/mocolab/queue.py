@@ -14,14 +14,37 @@ the state dict, so a resumed run continues with the same negatives.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .choices import QUEUE_POLICIES as POLICIES  # noqa: F401  (queue.policy: choices.py)
-from .moco_loss import queue_info_nce
+from .losses import fused_queue_info_nce
 
 POLICY_SEED = 0x5107  # random replacement: one fixed stream, the same on every rank (replicated queues agree)
+
+
+@dataclass(frozen=True)
+class KeySnapshot:
+    """A queue's keys as a step's contrast must read them: before that step's ``enqueue``.  No copy.
+
+    ``enqueue`` overwrites the keys in place; a contrast that read them after
+    it would score queries against their own step's keys.  ``MoCo.forward``
+    takes the snapshot before anything else and ``contrast`` reads the keys
+    through it, which fails once the keys have been written since.  Backward
+    never reads them: the losses copy what they need or form the gradient
+    before they return (losses.py).
+    """
+
+    keys: torch.Tensor
+    version: int  # the keys' in-place version counter when taken
+
+    def read(self) -> torch.Tensor:
+        if self.keys._version != self.version:
+            raise RuntimeError("the queue was written after its snapshot: contrast must run before enqueue")
+        return self.keys
 
 
 class WrittenAges:
@@ -117,14 +140,22 @@ class KeyQueue(WrittenAges, nn.Module):
         """
         return q @ self.keys.detach().clone().T
 
-    def contrast(self, q: torch.Tensor, l_pos: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """InfoNCE of queries q (N×C) with positives l_pos (N×1) against the queue.
+    def snapshot(self) -> KeySnapshot:
+        """The keys as they are now, for this step's ``contrast``, which must run before ``enqueue``."""
+        return KeySnapshot(self.keys, self.keys._version)
+
+    def contrast(self, q: torch.Tensor, l_pos: torch.Tensor, tau: float,
+                 negatives: KeySnapshot | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """InfoNCE of queries q (N×C) with positives l_pos (N×1) against the queue (``negatives``: the
+        keys as ``snapshot`` took them; by default as they are now).
 
         Returns (loss, correct): ``correct`` (N, bool) says whether a query's
         positive beat every negative (pretext accuracy).  Distributed layouts
-        override this; the loss they return must equal this one.
+        override this; the loss they return must equal this one.  The keys may
+        be overwritten once this returns.
         """
-        return queue_info_nce(q, l_pos, self.keys, tau)  # info_nce(l_pos, negative_logits(q)), fused
+        keys = (negatives if negatives is not None else self.snapshot()).read()
+        return fused_queue_info_nce(q, l_pos, keys, tau)  # losses.queue_info_nce, fused
 
     def ordered(self) -> torch.Tensor:
         """Keys oldest first: the FIFO order, for tests and for comparing layouts."""
