@@ -287,7 +287,8 @@ def test_imagefolder_loads_pngs(tmp_path):
 def test_validation_counts_the_images_the_loader_decodes(tmp_path):
     """One list of image suffixes: files the loader skips (.bmp, .ppm, .txt, hidden folders) are not counted."""
     from mocolab.config import build_config
-    from mocolab.data import IMAGE_EXTENSIONS, count_images
+    from mocolab.data import count_images
+    from mocolab.image_files import IMAGE_EXTENSIONS
 
     _write_png_folder(tmp_path)
     for name in ("x.bmp", "y.ppm", "notes.txt"):

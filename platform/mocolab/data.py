@@ -24,10 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .image_files import IMAGE_EXTENSIONS, class_dirs, image_files
+from .image_index import build_index, decode
+from .pixels import resize_uint8
+
 __all__ = [
     "DATASETS",
     "FASHION_MNIST_FILES",
-    "IMAGE_EXTENSIONS",
     "TRAIN_SIZES",
     "ImageDataset",
     "batches_per_epoch",
@@ -61,8 +64,6 @@ FASHION_MNIST_FILES: dict[str, tuple[str, str]] = {
 # the "not found anywhere" message on a machine that has the package.
 SYSTEM_FASHION_MNIST_DIRS: tuple[str, ...] = ("/usr/share/datasets/fashion-mnist",)
 
-# The files an imagefolder holds: what its loader decodes and what validation counts.
-IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp", ".gif")
 SYNTHETIC_CLASSES = 10
 
 
@@ -381,29 +382,6 @@ def _load_torchvision_cached(name: str, split: str, root: str, download: bool) -
 # --------------------------------------------------------------------------- imagefolder
 
 
-def _resize_uint8(images: torch.Tensor, size: int, chunk: int = 1024) -> torch.Tensor:
-    """Shorter side to ``size`` then a centre crop, so the aspect ratio is kept and every image is size×size.
-
-    Done in chunks because the float copy interpolate needs is 4× the uint8 data.
-    """
-    n, c, h, w = images.shape
-    if h == size and w == size:
-        return images
-    scale = size / min(h, w)
-    new_h, new_w = max(size, round(h * scale)), max(size, round(w * scale))
-    top, left = (new_h - size) // 2, (new_w - size) // 2
-    out = torch.empty((n, c, size, size), dtype=torch.uint8)
-    for start in range(0, n, chunk):
-        block = images[start : start + chunk].float()
-        if (new_h, new_w) != (h, w):
-            block = torch.nn.functional.interpolate(
-                block, size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
-            )
-        block = block[:, :, top : top + size, left : left + size]
-        out[start : start + chunk] = block.round_().clamp_(0, 255).to(torch.uint8)
-    return out
-
-
 def _require_dir(path: Path, what: str) -> None:
     if not path.exists():
         raise ValueError(f"data.root: {what} {str(path)!r} does not exist")
@@ -411,18 +389,6 @@ def _require_dir(path: Path, what: str) -> None:
         raise ValueError(f"data.root: {what} {str(path)!r} is not a directory")
     if not os.access(path, os.R_OK | os.X_OK):
         raise ValueError(f"data.root: {what} {str(path)!r} is not readable")
-
-
-def _class_dirs(folder: Path) -> list[str]:
-    try:
-        return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError as exc:
-        raise ValueError(f"data.root: cannot list {str(folder)!r}: {exc}") from exc
-
-
-def _image_files(folder: Path) -> list[Path]:
-    """The images of one class folder, sorted: the files the loader decodes and ``count_images`` counts."""
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
 def count_images(root: str | os.PathLike[str] | None, split: str = "train", name: str = "imagefolder") -> int | None:
@@ -441,7 +407,7 @@ def count_images(root: str | os.PathLike[str] | None, split: str = "train", name
         except (OSError, ValueError):
             return None
     try:
-        return sum(len(_image_files(folder / cls)) for cls in _class_dirs(folder))
+        return sum(len(image_files(folder / cls)) for cls in class_dirs(folder))
     except (OSError, ValueError):
         return None
 
@@ -451,8 +417,6 @@ def _load_indexed_cached(name: str, root: str, split: str, image_size: int) -> I
     """An imagefolder or parquet split decoded whole: the file index and the decoder the streaming loader
     uses (image_index.py), every file in its place; an unreadable one is a zero row with a negative label
     (``unreadable_label``), reported here and by the run (sources.py), never silently dropped."""
-    from .image_index import build_index, decode
-
     index = build_index(name, root, split, image_size)
     images, bad = decode(index.refs, image_size, threads=torch.get_num_threads())
     skipped = [index.short_name(index.refs[i]) for i in bad.nonzero().flatten().tolist()]
@@ -471,15 +435,6 @@ def skipped_message(skipped: list[str] | tuple[str, ...], show: int = 3) -> str:
     """'12 unreadable file(s) (a.jpg, b.png, c.jpg, ...)': what a run prints about its data."""
     more = ", ..." if len(skipped) > show else ""
     return f"{len(skipped)} unreadable file(s) ({', '.join(skipped[:show])}{more})"
-
-
-def _to_uint8(img: torch.Tensor) -> torch.Tensor:
-    """16-bit images (PNG) scaled to 8 bits with rounding; uint8 passes through."""
-    if img.dtype == torch.uint8:
-        return img
-    if img.dtype == torch.uint16:
-        return ((img.to(torch.int32) * 255 + 32767) // 65535).to(torch.uint8)
-    raise ValueError(f"unsupported image dtype {img.dtype}")
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -599,7 +554,7 @@ def load_dataset(
 
     if image_size is not None and tuple(ds.images.shape[-2:]) != (image_size, image_size):
         ds = ImageDataset(
-            images=_resize_uint8(ds.images, image_size), labels=ds.labels, classes=ds.classes, name=ds.name
+            images=resize_uint8(ds.images, image_size), labels=ds.labels, classes=ds.classes, name=ds.name
         )
     return ds
 

@@ -33,6 +33,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .image_files import IMAGE_EXTENSIONS, class_dirs, image_files
+from .pixels import resize_uint8, to_uint8
+
 PARQUET_COLUMNS = ("image", "label")
 CLASSES_KEY = b"mocolab.classes"
 
@@ -80,24 +83,22 @@ def build_index(name: str, root: str, split: str, image_size: int) -> ImageIndex
         raise ValueError(f"data.root: {name} {root!r} has no {expected} folder for split {split!r} "
                          f"(expected {layout})")
     if name == "imagefolder":
-        from .data import _class_dirs, _image_files
-
         # Labels come from train/'s class list when it exists, so that train and
         # val agree on the index of every class even if val lacks one.
         class_source = base / "train" if (base / "train").is_dir() else folder
-        classes = _class_dirs(class_source)
+        classes = class_dirs(class_source)
         if not classes:
             raise ValueError(f"data.root: imagefolder {root!r} has no class folders in {class_source.name}/ "
                              "(expected root/train/<class>/*.jpg)")
         index = {c: i for i, c in enumerate(classes)}
         refs: list[str] = []
         labels: list[int] = []
-        for cls in _class_dirs(folder):
+        for cls in class_dirs(folder):
             if cls not in index:
                 raise ValueError(f"data.root: class folder {folder.name}/{cls} of {root!r} is not among the "
                                  f"{class_source.name}/ classes {classes}")
             try:
-                files = _image_files(folder / cls)
+                files = image_files(folder / cls)
             except OSError as exc:
                 raise ValueError(f"data.root: cannot list {str(folder / cls)!r}: {exc}") from exc
             refs += [str(f) for f in files]
@@ -125,8 +126,6 @@ def build_index(name: str, root: str, split: str, image_size: int) -> ImageIndex
     else:
         raise ValueError(f"data.name: {name!r} has no file index (imagefolder and parquet do)")
     if not refs:
-        from .data import IMAGE_EXTENSIONS
-
         what = f"readable images ({', '.join(IMAGE_EXTENSIONS)})" if name == "imagefolder" else "images"
         where = f"{folder.name}/<class>/" if name == "imagefolder" else f"{folder.name}/"
         raise ValueError(f"data.root: {name} {root!r} holds no {what} under {where}")
@@ -180,14 +179,12 @@ def _decode_jpeg(data: bytes, size: int) -> torch.Tensor:
 def _decode_full(data: bytes | np.ndarray | torch.Tensor) -> torch.Tensor:
     from torchvision.io import ImageReadMode, decode_image
 
-    from .data import _to_uint8
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.29's codecs still work
         img = decode_image(_buffer(data), mode=ImageReadMode.RGB)
     if img.ndim == 4:  # animated GIF: first frame
         img = img[0]
-    return _to_uint8(img)
+    return to_uint8(img)
 
 
 def _cover_crop(img: torch.Tensor, size: int) -> torch.Tensor:
@@ -214,9 +211,7 @@ def decode_bytes(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Te
 def decode_bytes_full(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
     """As ``decode_bytes``, every image decoded at full size and resized in float: slower, and the
     reference the fast decoder is held to (tests) and timed against (benchmarks/stream_decode.py)."""
-    from .data import _resize_uint8
-
-    return _resize_uint8(_decode_full(data).unsqueeze(0), size)[0]
+    return resize_uint8(_decode_full(data).unsqueeze(0), size)[0]
 
 
 def decode_file(path: str, size: int, decoder: Decoder = decode_bytes) -> torch.Tensor:
