@@ -139,7 +139,7 @@ def _trainer_rank(rank: int, world: int, over: dict) -> dict:
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(tr.rng_state)
         losses = [tr.train_step(*next(batches)).loss for _ in range(3)]
-    store = tr.bank.entries if tr.bank is not None else (tr.model.queue.keys if tr.model.queue is not None else None)
+    store = tr.model.dictionary.keys if tr.model.dictionary is not None else None  # the bank's or queue's
     out = {"losses": torch.tensor(losses),
            "weights": torch.cat([p.detach().flatten() for p in tr.encoder.parameters()])}
     if store is not None:

@@ -24,9 +24,8 @@ from .config import Config
 from .diagnostics import DriftProbes, age_histogram
 from .evaluation import ProbeResult, extract_features, knn_accuracy, linear_probe
 from .hardware import keep_freed_memory, resolve_device, resolve_precision
+from .method import Method, MethodParts, build_method
 from .models import build_encoder
-from .moco import MoCo, MoCoV3
-from .negatives import InBatchContrast, MemoryBank, MemoryBankContrast
 from .norm import convert_global_bn
 from .optimizers import build_optimizer
 from .schedule import lr_at, momentum_at
@@ -36,6 +35,9 @@ from .sources import STREAMABLE, MemorySource, TrainSource, subset_positions, va
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
 # a uniform guess, so 10× that is far outside anything training produces.
 DIVERGENCE_FACTOR = 10.0
+# A checkpoint's method parts besides encoder_q, in every checkpoint whatever the method (empty where it has
+# none), so one written by any method reads like any other
+CHECKPOINT_PARTS = ("encoder_k", "queue", "bank")
 
 
 @dataclass
@@ -177,6 +179,26 @@ def first_layer(backbone: torch.nn.Module) -> torch.nn.Module | None:
     return next((m for m in backbone.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))), None)
 
 
+def encoder_factory(cfg: Config, channels: int, image_size: int,
+                    device: torch.device) -> Callable[..., torch.nn.Module]:
+    """``MethodParts.encoder``: ``predictor`` -> a fresh f_q as the config has it, its batch norm converted for
+    ``moco.bn`` (groups for split and groups; sync: NCCL's SyncBatchNorm on CUDA, else ours over gloo).
+    Its initial weights come from torch's global generator."""
+    mc, mo, vit = cfg.moco, cfg.model, cfg.vit
+
+    def encoder(predictor: bool = False) -> torch.nn.Module:
+        groups = mc.bn_groups if mc.bn in ("split", "groups") else 1
+        enc = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim, hidden=mo.hidden,
+                            bn_groups=groups, predictor=predictor, image_size=image_size, patch_size=vit.patch_size,
+                            depth=vit.depth, freeze_patch_embed=vit.freeze_patch_embed)
+        if mc.bn == "sync":  # statistics over the global batch: NCCL's SyncBatchNorm, else ours (gloo)
+            enc = (torch.nn.SyncBatchNorm.convert_sync_batchnorm(enc) if device.type == "cuda"
+                   else convert_global_bn(enc))
+        return enc
+
+    return encoder
+
+
 class Trainer:
     """One MoCo run on one rank.  ``rank``/``world_size`` shard the data; the rest is per process."""
 
@@ -207,48 +229,20 @@ class Trainer:
         if source.size < cfg.optim.batch_size:
             raise ValueError(f"optim.batch_size: {cfg.optim.batch_size} is larger than the training set "
                              f"({source.size} images)")
-        seed = cfg.run.seed
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(rng.stream_seed("init", seed))  # the same initial weights on every rank
-            mc, mo, vit = cfg.moco, cfg.model, cfg.vit
-            groups = mc.bn_groups if mc.bn in ("split", "groups") else 1
-            self.v3 = mc.version == "v3"
-            encoder = build_encoder(mo.backbone, channels, width=mo.width, head=mo.head, dim=mo.dim,
-                                    hidden=mo.hidden, bn_groups=groups, predictor=self.v3, image_size=size,
-                                    patch_size=vit.patch_size, depth=vit.depth,
-                                    freeze_patch_embed=vit.freeze_patch_embed)
-            if mc.bn == "sync":  # statistics over the global batch: NCCL's SyncBatchNorm, else ours (gloo)
-                encoder = (torch.nn.SyncBatchNorm.convert_sync_batchnorm(encoder) if self.device.type == "cuda"
-                           else convert_global_bn(encoder))
-            self.negatives = "global batch (v3)" if self.v3 else mc.negatives
-            queue = None if not cfg.uses_queue else mdist.build_queue(
-                cfg.queue.layout, cfg.queue.size, mo.dim, self.batch, generator=rng.generator("queue", seed),
-                policy=cfg.queue.policy, seed=seed)
-            # a bank's random initial entries come from the dictionary's stream, as the queue's do
-            bank = None if mc.negatives != "memory_bank" or self.v3 else MemoryBank(
-                source.size, mo.dim, cfg.bank_negatives, cfg.bank.momentum, generator=rng.generator("queue", seed),
-                seed=seed)
-        # split: in-process shuffle drawing from the augment stream; shuffle: rank 0's own generator
-        shuffler = mdist.build_shuffler(mc.bn, rng.stream_seed("shuffle", seed) if mc.bn == "shuffle" else None)
         self.precision = resolve_precision(cfg.run.precision, self.device)
-        if self.v3:
-            self.model: MoCo = MoCoV3(encoder, m=mc.m, tau=mc.tau, shuffler=shuffler,
-                                      encoder_dtype=self.precision).to(self.device)
-        elif bank is not None:
-            self.model = MemoryBankContrast(encoder, bank, tau=mc.tau, encoder_dtype=self.precision).to(self.device)
-        elif mc.negatives == "in_batch":
-            self.model = InBatchContrast(encoder, tau=mc.tau, encoder_dtype=self.precision).to(self.device)
-        else:
-            self.model = MoCo(encoder, queue, m=mc.m, tau=mc.tau, shuffler=shuffler,
-                              encoder_dtype=self.precision).to(self.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(rng.stream_seed("init", cfg.run.seed))  # the same initial weights on every rank
+            # moco.version / moco.negatives -> MoCo v1/v2, v3, memory bank or in-batch (method.py)
+            parts = MethodParts(encoder_factory(cfg, channels, size, self.device), source.size, self.batch,
+                                self.precision)
+            self.model: Method = build_method(cfg, parts).to(self.device)
         self.encoder = self.model.encoder_q  # the unwrapped query encoder, for evaluation and checkpoints
-        self.bank = bank
         # key drift: probe slots of the dictionary (queue slots, or bank entries = training images)
-        store_slots = queue.slots if queue is not None else (bank.size if bank is not None else 0)
-        self.probes = DriftProbes(store_slots, cfg.eval.drift_probes, mo.dim) \
-            if store_slots and cfg.eval.drift_probes else None
+        store = self.model.dictionary
+        self.probes = DriftProbes(store.slots, cfg.eval.drift_probes, cfg.model.dim) \
+            if store is not None and cfg.eval.drift_probes else None
         # a sharded queue's slots are this rank's own keys: each rank follows its own, without collectives
-        self._probe_local = isinstance(queue, mdist.ShardedKeyQueue)
+        self._probe_local = isinstance(store, mdist.ShardedKeyQueue)
         # the first layer's gradient: a ViT's patch projection measured from hooks (it may be frozen),
         # any other backbone's first layer read from its .grad after DDP has averaged it
         first = first_layer(self.encoder.backbone)
@@ -263,16 +257,14 @@ class Trainer:
                                          weight_decay=o.weight_decay)
         # The augment stream is torch's global generator (kornia draws from it): the trainer keeps
         # its state and swaps it in while it trains (see rng.py).
-        self.rng_state = rng.global_state("augment", seed, rank=rank)
+        self.rng_state = rng.global_state("augment", cfg.run.seed, rank=rank)
         self.steps_per_epoch = datasets.batches_per_epoch(source.size, self.batch, world_size)
         planned = o.epochs * self.steps_per_epoch
         self.total_steps = min(planned, o.max_steps) if o.max_steps else planned
         self.warmup_steps = round(o.warmup_epochs * self.steps_per_epoch)
         # the loss of a uniform guess: log(1 + K) against the queue (a bank: its K draws); in-batch: log(2·B·W − 1);
-        # v3: 2τ·log(B·W) per direction, two directions
-        uniform = (4 * mc.tau * math.log(cfg.optim.batch_size) if self.v3
-                   else math.log(2 * cfg.optim.batch_size - 1) if mc.negatives == "in_batch"
-                   else math.log(1 + (cfg.bank_negatives if bank is not None else cfg.queue.size)))
+        # v3: 2τ·log(B·W) per direction, two directions (each method's uniform_loss)
+        uniform = self.model.uniform_loss(cfg.optim.batch_size)
         self.divergence_threshold = DIVERGENCE_FACTOR * uniform  # a loss this far above it (or NaN) has diverged
         self.step = 0
         self.epoch = 0
@@ -302,12 +294,13 @@ class Trainer:
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         """Everything needed to continue bit-for-bit: weights, queue, optimizer, counters, RNG."""
+        # per part, unwrapped from DDP, so a checkpoint reads the same whatever W was; a part the method has
+        # not is saved empty
+        parts = {name: part.state_dict() for name, part in self.model.checkpoint_parts().items()}
         return {
-            # per part, unwrapped from DDP, so a checkpoint reads the same whatever W was
             "encoder_q": self.encoder.state_dict(),
-            "encoder_k": self.model.encoder_k.state_dict() if self.model.encoder_k is not None else {},
-            "queue": self.model.queue.state_dict() if self.model.queue is not None else {},
-            "bank": self.bank.state_dict() if self.bank is not None else {},
+            **{name: parts.pop(name, {}) for name in CHECKPOINT_PARTS},
+            **parts,  # a method's part of another name
             "probes": self.probes.state_dict() if self.probes is not None else {},
             "moco_step": self.model.step.clone(),
             "optimizer": self.optimizer.state_dict(),
@@ -322,12 +315,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.encoder.load_state_dict(state["encoder_q"])
-        if self.model.encoder_k is not None:
-            self.model.encoder_k.load_state_dict(state["encoder_k"])
-        if self.model.queue is not None:
-            self.model.queue.load_state_dict(state["queue"])
-        if self.bank is not None:
-            self.bank.load_state_dict(state["bank"])
+        for name, part in self.model.checkpoint_parts().items():  # the key encoder, the queue or the bank
+            part.load_state_dict(state[name])
         if self.probes is not None and state.get("probes"):  # absent in checkpoints from before the probes
             self.probes.load_state_dict(state["probes"])
         self.model.step.copy_(state["moco_step"])
@@ -344,7 +333,7 @@ class Trainer:
 
     @property
     def _shuffle_gen(self) -> torch.Generator | None:
-        return getattr(self.model.shuffler, "generator", None)
+        return self.model.shuffle_generator
 
     @property
     def is_main(self) -> bool:
@@ -374,7 +363,9 @@ class Trainer:
         lr = self.lr(self.step)  # cosine schedule over the run's steps (after any warm-up)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        m = self.model.m = self.momentum(self.step)  # constant, or rising to 1 (moco.m_schedule)
+        m = self.momentum(self.step)  # constant, or rising to 1 (moco.m_schedule)
+        if self.model.key_encoder is not None:
+            self.model.m = m  # the key encoder's EMA momentum this step
         record = self.records_step(self.step + 1)  # this step's per-step metrics are kept (run.step_metrics_every)
         if self._patch_grad is not None:
             self._patch_grad.enabled = record
@@ -400,7 +391,7 @@ class Trainer:
     @property
     def drift_encoder(self) -> torch.nn.Module | None:
         """The encoder that writes the dictionary: the key encoder for a queue, the encoder for a bank."""
-        return self.model.encoder_k if self.model.queue is not None else (self.encoder if self.bank else None)
+        return self.model.writer
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Unit embeddings of un-augmented uint8 images by the dictionary's writer, in eval mode (no RNG)."""
@@ -414,23 +405,19 @@ class Trainer:
         return self.probes.observe(written, offset, index, images, self.embed, self.step,
                                    collective=not self._probe_local, device=self.device)
 
-    def _store(self):
-        return self.model.queue if self.model.queue is not None else self.bank
-
     def dictionary_ages(self) -> torch.Tensor:
         """Ages in steps of this rank's stored negatives as the next step sees them (empty: no store)."""
-        store = self._store()
+        store = self.model.dictionary
         return store.ages(self.step) if store is not None else torch.zeros(0)
 
     def diagnostics(self) -> dict:
         """The dictionary at this step (rank 0's copy): its age histogram and, per probe, age and cosines."""
-        out: dict = {"step": self.step, "negatives": self.negatives,
+        out: dict = {"step": self.step, "negatives": self.model.negatives,
                      "age_histogram": age_histogram(self.dictionary_ages())}
         if self.probes is not None:
-            store = self._store()
-            entries = store.keys if self.model.queue is not None else store.entries
+            keys = self.model.dictionary.keys
             probes = self.probes.measure(self.step, self.data.images_at, self.embed,
-                                         stored=entries[self.probes.slots.to(entries.device)])
+                                         stored=keys[self.probes.slots.to(keys.device)])
             if probes is not None:
                 out["probes"] = probes
         return out
@@ -573,11 +560,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     main = tr.is_main
     mc = cfg.moco
     m_txt = f"m={mc.m}" + (" rising to 1 (cosine)" if mc.m_schedule == "cosine" else "")
-    dictionary = ("no queue (v3)" if tr.v3
-                  else f"memory bank of {tr.data.size} (K={cfg.bank_negatives} drawn per step, "
-                       f"a={cfg.bank.momentum}), no key encoder" if tr.bank is not None
-                  else f"in-batch negatives (2·{cfg.optim.batch_size}−2), no key encoder" if tr.negatives == "in_batch"
-                  else f"K={cfg.queue.size}" + (" (random replacement)" if cfg.queue.policy == "random" else ""))
+    dictionary = tr.model.describe(cfg.optim.batch_size)
     val = getattr(tr.data, "val", None)
     held = f" / {len(val)} validation (held out)" if val is not None else ""
     say(f"mocolab: {cfg.data.name} ({tr.data.size} train{held} / {tr.data.test_size} test, {tr.data.kind}), "
@@ -611,7 +594,7 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         ages = tr.dictionary_ages()
         s_mean, s_max = (float(ages.mean()), float(ages.max())) if ages.numel() else (0.0, 0.0)
         diag = tr.diagnostics() if main else {}
-        drift, stored = _mean_cosines(diag, tr.model.queue is None and tr.bank is None)
+        drift, stored = _mean_cosines(diag, tr.model.dictionary is None)
         rec = EpochRecord(tr.epoch, tr.step, loss, tr.lr(tr.step - 1), tr.momentum(tr.step - 1), pretext,
                           knn, rate, s_mean, s_max, cfg.ema_half_life,
                           cfg.max_staleness if cfg.uses_queue else 0.0, time.perf_counter() - t0,

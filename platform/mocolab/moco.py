@@ -6,29 +6,41 @@ come from a FIFO queue of past keys.  ``forward`` reads as the paper's
 pseudo-code.  ``MoCoV3`` (Chen, Xie, He 2021) keeps the momentum encoder and
 drops the queue: the other view's keys of the whole global batch are the
 dictionary, both views are queries, and a predictor sits on the query branch.
+
+Both are ``Method``s (method.py): besides ``forward`` they say what they hold
+(``key_encoder``, ``dictionary``, ``writer``, ``checkpoint_parts``) so the
+trainer need not ask which one it has.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import rng
 from .choices import VERSIONS  # noqa: F401  (moco.version: choices.py)
-from .dist import gather_no_grad, rank_and_world
+from .dist import build_queue, build_shuffler, gather_no_grad, rank_and_world
 from .losses import v3_info_nce
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
 
+if TYPE_CHECKING:
+    from .config import Config
+    from .method import MethodParts
+
 
 @dataclass
-class MoCoOutput:
+class MethodOutput:
+    """What every method's ``forward`` returns (method.py): the loss and what the monitors read."""
     loss: torch.Tensor
     correct: torch.Tensor  # N bools: the query's own key beat every negative
-    keys: torch.Tensor  # N×C, already enqueued
+    keys: torch.Tensor  # N×C, already enqueued (a bank: the queries written; in-batch, v3: one view's)
     # the dictionary slots this step wrote, in the order of the gathered global batch (a sharded queue:
     # this rank's slots for its own batch); None where nothing is stored (v3, in-batch negatives)
     written: torch.Tensor | None = None
@@ -39,7 +51,15 @@ class MoCoOutput:
         return float(self.correct.float().mean())
 
 
+def _key_shuffler(cfg: Config):
+    """The key batch's shuffle for ``moco.bn`` (shuffle: rank 0's own generator; split: the augment stream)."""
+    mc = cfg.moco
+    return build_shuffler(mc.bn, rng.stream_seed("shuffle", cfg.run.seed) if mc.bn == "shuffle" else None)
+
+
 class MoCo(nn.Module):
+    negatives = "queue"  # where the negatives come from, as the diagnostics name it
+
     def __init__(self, encoder_q: nn.Module, queue: KeyQueue | None, m: float = 0.999, tau: float = 0.2,
                  shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -59,6 +79,16 @@ class MoCo(nn.Module):
         # Encoders may run under bf16 autocast; embeddings, logits and the loss stay float32.
         self.encoder_dtype = encoder_dtype
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    @classmethod
+    def from_config(cls, cfg: Config, parts: MethodParts) -> MoCo:
+        """v1/v2: f_q with a K-key queue of its own ``queue.layout``, random keys from the dictionary's stream."""
+        encoder = parts.encoder(predictor=False)
+        q, seed = cfg.queue, cfg.run.seed
+        queue = build_queue(q.layout, q.size, cfg.model.dim, parts.batch, generator=rng.generator("queue", seed),
+                            policy=q.policy, seed=seed)
+        return cls(encoder, queue, m=cfg.moco.m, tau=cfg.moco.tau, shuffler=_key_shuffler(cfg),
+                   encoder_dtype=parts.encoder_dtype)
 
     def _autocast(self, x: torch.Tensor):
         return torch.autocast(x.device.type, dtype=self.encoder_dtype or torch.float32,
@@ -85,7 +115,7 @@ class MoCo(nn.Module):
         k = F.normalize(k.float(), dim=1)  # keys: N×C
         return self.shuffler.unshuffle(k, restore)
 
-    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
+    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         """``index``: the batch's images in the training set, recorded with their keys (key drift)."""
         negatives = self.queue.snapshot()  # the keys of earlier steps: contrast fails if enqueue ran first
         with self._autocast(im_q):
@@ -97,7 +127,35 @@ class MoCo(nn.Module):
         loss, correct = self.queue.contrast(q, l_pos, self.tau, negatives)  # N×K negatives, wherever they live
         written = self.queue.enqueue(k, int(self.step), index)  # in place: backward does not read the keys
         self.step += 1
-        return MoCoOutput(loss, correct, k, written)
+        return MethodOutput(loss, correct, k, written)
+
+    # ------------------------------------------------------------ what the trainer asks (method.py)
+    @property
+    def key_encoder(self) -> nn.Module:
+        return self.encoder_k
+
+    @property
+    def dictionary(self) -> KeyQueue | None:
+        return self.queue
+
+    @property
+    def writer(self) -> nn.Module | None:
+        """f_k writes the queue."""
+        return self.encoder_k
+
+    @property
+    def shuffle_generator(self) -> torch.Generator | None:
+        return getattr(self.shuffler, "generator", None)
+
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        return {"encoder_k": self.encoder_k, "queue": self.queue}
+
+    def describe(self, global_batch: int) -> str:
+        return f"K={self.queue.size}" + (" (random replacement)" if self.queue.policy == "random" else "")
+
+    def uniform_loss(self, global_batch: int) -> float:
+        """log(1 + K): the positive against K negatives."""
+        return math.log(1 + self.queue.size)
 
 
 class MoCoV3(MoCo):
@@ -109,15 +167,38 @@ class MoCoV3(MoCo):
     reference (``moco/builder.py`` of facebookresearch/moco-v3).
     """
 
+    negatives = "global batch (v3)"
+
     def __init__(self, encoder_q: nn.Module, m: float = 0.99, tau: float = 0.2,
                  shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None) -> None:
         super().__init__(encoder_q, None, m=m, tau=tau, shuffler=shuffler, encoder_dtype=encoder_dtype)
+
+    @classmethod
+    def from_config(cls, cfg: Config, parts: MethodParts) -> MoCoV3:
+        """f_q with a predictor (f_k, its EMA, has none); no queue."""
+        return cls(parts.encoder(predictor=True), m=cfg.moco.m, tau=cfg.moco.tau, shuffler=_key_shuffler(cfg),
+                   encoder_dtype=parts.encoder_dtype)
+
+    @property
+    def writer(self) -> None:
+        """Nothing stored: the keys are this step's."""
+        return None
+
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        return {"encoder_k": self.encoder_k}
+
+    def describe(self, global_batch: int) -> str:
+        return "no queue (v3)"
+
+    def uniform_loss(self, global_batch: int) -> float:
+        """2τ·log(B·W) per direction, two directions."""
+        return 4 * self.tau * math.log(global_batch)
 
     def contrast(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One direction: q (B×C, normalised) against every rank's k; (2τ·CE, correct per query)."""
         return v3_info_nce(q, k, self.tau, rank=rank_and_world()[0], gather=gather_no_grad)
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         with self._autocast(x1):
             q1, q2 = self.encoder_q(x1), self.encoder_q(x2)
         q1, q2 = F.normalize(q1.float(), dim=1), F.normalize(q2.float(), dim=1)
@@ -126,4 +207,4 @@ class MoCoV3(MoCo):
         loss12, c12 = self.contrast(q1, k2)
         loss21, c21 = self.contrast(q2, k1)
         self.step += 1
-        return MoCoOutput(loss12 + loss21, torch.cat([c12, c21]), k2)
+        return MethodOutput(loss12 + loss21, torch.cat([c12, c21]), k2)

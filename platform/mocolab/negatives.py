@@ -13,22 +13,31 @@ data set, but an entry was written when its image was last seen, up to an
 epoch of encoder updates ago.  MoCo's queue (queue.py) sits between: large, and
 written by a slowly moving key encoder.
 
-Both classes here have MoCo's interface (``encoder_q``, ``step``, ``forward``
-returning ``MoCoOutput``) and no key encoder (``encoder_k`` is None).
+Both classes here are ``Method``s (method.py), as MoCo is, and say so
+honestly: neither has a key encoder (``key_encoder`` is None, and there is no
+momentum ``m``); the bank is the memory bank's ``dictionary``, written by the
+encoder being trained, and in-batch negatives store nothing.
 """
 
 from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import rng
 from .choices import NEGATIVE_SOURCES as SOURCES  # noqa: F401  (moco.negatives: choices.py)
 from .dist import gather_no_grad, gather_with_grad, rank_and_world
 from .losses import info_nce, nt_xent
-from .moco import MoCoOutput
-from .norm import NoShuffle
+from .moco import MethodOutput
 from .queue import WrittenAges
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .method import MethodParts
 
 BANK_SEED = 0x8A4C  # the bank's negative draws: one stream, the same on every rank (replicated banks agree)
 
@@ -36,15 +45,32 @@ BANK_SEED = 0x8A4C  # the bank's negative draws: one stream, the same on every r
 class InBatchContrast(nn.Module):
     """``moco.negatives=in_batch``: both views through the one encoder, NT-Xent over the global batch."""
 
+    negatives = "in_batch"
+    # no key encoder, nothing stored (every negative is this step's), no key batch to shuffle
+    key_encoder = dictionary = writer = shuffle_generator = None
+
     def __init__(self, encoder_q: nn.Module, tau: float = 0.2, encoder_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.encoder_q, self.encoder_k, self.queue = encoder_q, None, None
-        self.tau, self.m = tau, 0.0
-        self.shuffler = NoShuffle()
+        self.encoder_q = encoder_q
+        self.tau = tau
         self.encoder_dtype = encoder_dtype
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
+    @classmethod
+    def from_config(cls, cfg: Config, parts: MethodParts) -> InBatchContrast:
+        return cls(parts.encoder(predictor=False), tau=cfg.moco.tau, encoder_dtype=parts.encoder_dtype)
+
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        return {}
+
+    def describe(self, global_batch: int) -> str:
+        return f"in-batch negatives (2·{global_batch}−2), no key encoder"
+
+    def uniform_loss(self, global_batch: int) -> float:
+        """log(2·B·W − 1): each view against every other view of the global batch."""
+        return math.log(2 * global_batch - 1)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         b = x1.shape[0]
         with torch.autocast(x1.device.type, dtype=self.encoder_dtype or torch.float32,
                             enabled=self.encoder_dtype is not None):
@@ -52,7 +78,7 @@ class InBatchContrast(nn.Module):
         z = F.normalize(z.float(), dim=1)
         loss, correct = nt_xent(z[:b], z[b:], self.tau, rank=rank_and_world()[0], gather=gather_with_grad)
         self.step += 1
-        return MoCoOutput(loss, correct, z[b:].detach())
+        return MethodOutput(loss, correct, z[b:].detach())
 
 
 class MemoryBank(WrittenAges, nn.Module):
@@ -78,6 +104,16 @@ class MemoryBank(WrittenAges, nn.Module):
         self.register_buffer("entries", F.normalize(torch.randn(size, dim, generator=generator), dim=1))
         self.register_buffer("write_step", torch.full((size,), -1, dtype=torch.long))
         self.sampler = torch.Generator().manual_seed(BANK_SEED + seed)
+
+    @property
+    def slots(self) -> int:
+        """Entries held here: one per training image (every rank holds them all)."""
+        return self.size
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """The entries, by the name a dictionary's stored embeddings have (the queue's ``keys``)."""
+        return self.entries
 
     def get_extra_state(self) -> dict:
         return {"sampler": self.sampler.get_state()}
@@ -117,16 +153,47 @@ class MemoryBankContrast(nn.Module):
     no key encoder.  The global batch's embeddings and image indices are gathered so every rank writes
     the same entries and the replicated banks stay equal."""
 
+    negatives = "memory_bank"
+    key_encoder = shuffle_generator = None  # no key encoder, no key batch to shuffle
+
     def __init__(self, encoder_q: nn.Module, bank: MemoryBank, tau: float = 0.2,
                  encoder_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.encoder_q, self.encoder_k, self.queue, self.bank = encoder_q, None, None, bank
-        self.tau, self.m = tau, 0.0
-        self.shuffler = NoShuffle()
+        self.encoder_q, self.bank = encoder_q, bank
+        self.tau = tau
         self.encoder_dtype = encoder_dtype
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
-    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MoCoOutput:
+    @classmethod
+    def from_config(cls, cfg: Config, parts: MethodParts) -> MemoryBankContrast:
+        """One entry per training image; its random initial entries come from the dictionary's stream,
+        as a queue's do."""
+        encoder, seed = parts.encoder(predictor=False), cfg.run.seed
+        bank = MemoryBank(parts.train_size, cfg.model.dim, cfg.bank_negatives, cfg.bank.momentum,
+                          generator=rng.generator("queue", seed), seed=seed)
+        return cls(encoder, bank, tau=cfg.moco.tau, encoder_dtype=parts.encoder_dtype)
+
+    @property
+    def dictionary(self) -> MemoryBank:
+        return self.bank
+
+    @property
+    def writer(self) -> nn.Module:
+        """The encoder being trained writes the bank (unwrapped from DDP)."""
+        return getattr(self.encoder_q, "module", self.encoder_q)
+
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        return {"bank": self.bank}
+
+    def describe(self, global_batch: int) -> str:
+        b = self.bank
+        return f"memory bank of {b.size} (K={b.negatives} drawn per step, a={b.momentum}), no key encoder"
+
+    def uniform_loss(self, global_batch: int) -> float:
+        """log(1 + K): the own entry against the K drawn."""
+        return math.log(1 + self.bank.negatives)
+
+    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         if index is None:
             raise ValueError("moco.negatives=memory_bank needs each image's index in the training set")
         with torch.autocast(im_q.device.type, dtype=self.encoder_dtype or torch.float32,
@@ -137,4 +204,4 @@ class MemoryBankContrast(nn.Module):
         written = gather_no_grad(index.to(q.device))  # the global batch's images: the entries written
         self.bank.update(gather_no_grad(q), written, int(self.step))
         self.step += 1
-        return MoCoOutput(loss, correct, q.detach(), written)
+        return MethodOutput(loss, correct, q.detach(), written)

@@ -1,0 +1,118 @@
+"""The contract of a method (method.py), checked on every registered one: what a new method must pass.
+
+Each method is built by ``build_method`` from the smoke preset on tiny synthetic images (a 4-wide convnet,
+16 px, a batch of 8), as the Trainer builds it, and driven by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import product
+
+import pytest
+import torch
+
+from mocolab.choices import NEGATIVE_SOURCES, VERSIONS
+from mocolab.config import build_config
+from mocolab.loop import encoder_factory
+from mocolab.method import METHODS, MethodParts, build_method, method_name
+
+B, SIZE, CHANNELS = 8, 16, 1
+TINY = {"data.name": "synthetic", "data.synthetic_size": 64, "data.image_size": SIZE, "model.width": 4,
+        "model.dim": 16, "queue.size": 32, "optim.batch_size": B}
+
+
+def _config(name: str):
+    """The config that asks for method ``name``: a version of its own (v3), else a source of negatives."""
+    return build_config("smoke", {**TINY, ("moco.version" if name in VERSIONS else "moco.negatives"): name})
+
+
+def _build(name: str, seed: int = 0):
+    cfg = _config(name)
+    torch.manual_seed(seed)  # the encoder's initial weights (the Trainer seeds the init stream here)
+    parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B)
+    return build_method(cfg, parts)
+
+
+def _batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two views (B×1×16×16) and the images' positions in the training set."""
+    g = torch.Generator().manual_seed(seed)
+    x1, x2 = torch.randn(B, CHANNELS, SIZE, SIZE, generator=g), torch.randn(B, CHANNELS, SIZE, SIZE, generator=g)
+    return x1, x2, torch.randperm(TINY["data.synthetic_size"], generator=g)[:B]
+
+
+def test_every_version_and_source_of_negatives_the_config_accepts_names_a_method():
+    reached = set()
+    for version, negatives in product(VERSIONS, NEGATIVE_SOURCES):
+        try:
+            cfg = build_config("smoke", {**TINY, "moco.version": version, "moco.negatives": negatives})
+        except ValueError:  # a combination the config refuses (v3 takes no other negatives)
+            continue
+        assert method_name(cfg) in METHODS, (version, negatives)
+        reached.add(method_name(cfg))
+    assert reached == set(METHODS)  # and every registered method is reachable from a config
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_forward_gives_a_finite_loss_whose_gradient_reaches_the_encoder_only(name):
+    method = _build(name).train()
+    if method.key_encoder is not None:
+        method.m = 0.9  # what the Trainer sets each step
+    out = method(*_batch())
+    assert out.loss.shape == () and math.isfinite(float(out.loss.detach()))
+    assert out.correct.dtype == torch.bool and out.correct.numel() >= B and 0.0 <= out.pretext_accuracy <= 1.0
+    assert out.keys.shape[0] == B and not out.keys.requires_grad
+    out.loss.backward()
+    assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in method.encoder_q.parameters())
+    if method.key_encoder is not None:
+        assert all(p.grad is None and not p.requires_grad for p in method.key_encoder.parameters())
+    assert int(method.step) == 1
+    assert math.isfinite(method.uniform_loss(B)) and method.uniform_loss(B) > 0
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_describe_is_one_line(name):
+    text = _build(name).describe(B)
+    assert text.strip() and "\n" not in text
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_the_key_encoder_and_the_dictionary_are_there_exactly_when_the_method_has_them(name):
+    method = _build(name)
+    parts = method.checkpoint_parts()
+    assert all(isinstance(p, torch.nn.Module) for p in parts.values())
+    key, store = method.key_encoder, method.dictionary
+    if key is None:  # no momentum encoder: nothing to set a momentum on
+        assert not hasattr(method, "m") and "encoder_k" not in parts
+    else:  # its own copy, saved with the checkpoint, momentum in [0, 1)
+        assert parts["encoder_k"] is key and key is not method.encoder_q and 0.0 <= method.m < 1.0
+        assert not {id(p) for p in key.parameters()} & {id(p) for p in method.encoder_q.parameters()}
+    out = method(*_batch())
+    if store is None:  # every negative is this step's: nothing stored, nothing written, no writer
+        assert method.writer is None and out.written is None
+    else:  # saved with the checkpoint; slots×C keys with ages; this step's slots written by the writer
+        assert any(p is store for p in parts.values()) and method.writer is not None
+        assert store.keys.shape == (store.slots, TINY["model.dim"])
+        assert out.written is not None and out.written.numel() == B and store.ages(1).numel() >= B
+    assert method.shuffle_generator is None or isinstance(method.shuffle_generator, torch.Generator)
+
+
+def test_the_four_methods_hold_what_their_papers_give_them():
+    methods = {name: _build(name) for name in ("queue", "v3", "memory_bank", "in_batch")}
+    has = {name: (m.key_encoder is not None, m.dictionary is not None) for name, m in methods.items()}
+    assert has == {"queue": (True, True), "v3": (True, False), "memory_bank": (False, True),
+                   "in_batch": (False, False)}
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_state_dict_restores_the_same_loss_in_a_fresh_instance(name):
+    a = _build(name, seed=0).train()
+    a(*_batch(1))  # a step: the queue or bank written, f_k moved, the counter advanced
+    b = _build(name, seed=5).train()  # other initial weights (and keys), all overwritten by the load
+    b.load_state_dict(a.state_dict())
+    losses = []
+    for method in (a, b):
+        torch.manual_seed(3)  # a split-BN shuffle draws from the global generator
+        losses.append(float(method(*_batch(2)).loss.detach()))
+    assert losses[0] == losses[1]
+    assert int(a.step) == int(b.step) == 2
