@@ -43,7 +43,7 @@ def test_a_grid_is_typed_values_per_field_and_every_point_per_seed():
     ([], "--grid: give at least one field"),
     (["moco.tau"], "expected section.field=value1,value2"),
     (["moco.tau="], "--grid moco.tau: no values given"),
-    (["moco.bn="], "no values given (allowed: shuffle, split, sync, plain)"),
+    (["moco.bn="], "no values given (allowed: shuffle, split, groups, sync, plain)"),
     (["moco.tau=0.1,0.1"], "a value is listed twice"),
     (["moco.tau=0.1", "moco.tau=0.2"], "given twice"),
     (["run.seed=0,1"], "give seeds with --seeds N"),

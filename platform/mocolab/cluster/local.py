@@ -32,6 +32,8 @@ from typing import Callable
 
 from .postgres import Postgres, find_bindir
 
+JOIN_ATTEMPTS = 3  # starts of a worker node whose raylet exits before it joins (a port taken meanwhile)
+
 STATE = "cluster.json"
 MARKER = "MOCOLAB_CLUSTER"
 BACKENDS = ("auto", "postgres", "sqlite")
@@ -331,13 +333,41 @@ class LocalCluster:
             raise ValueError(f"--cpus: {cpus} must be > 0")
         name = f"worker{s.next_worker}"
         s.next_worker += 1
-        node = self._ray_start(name, ["--address", f"127.0.0.1:{s.gcs_port}"], cpus, gpus)
-        s.workers.append(node)
-        s.save()
-        if wait:
-            self.wait_for_nodes(1 + len([w for w in s.workers if _alive(w.pid)]), timeout)
+        for attempt in range(1, JOIN_ATTEMPTS + 1):
+            node = self._ray_start(name, ["--address", f"127.0.0.1:{s.gcs_port}"], cpus, gpus)
+            s.workers.append(node)
+            s.save()
+            if not wait or self._joined(node, timeout):
+                break
+            # its raylet exited before joining: most often a port chosen free that another process took
+            # before the raylet bound it (this machine's port space is shared); start it on fresh ports
+            s.workers.remove(node)
+            s.save()
+            self._reap(node.pid)
+            shutil.rmtree(node.temp, ignore_errors=True)
+            if attempt == JOIN_ATTEMPTS:
+                raise RuntimeError(f"node {name} exited {JOIN_ATTEMPTS} times before joining: "
+                                   f"{self._tail(f'{name}.log')}")
+            self.say(f"cluster: node {name} exited before joining; starting it again on other ports")
         self.say(f"cluster: node {name} ({cpus:g} CPU) joined" if wait else f"cluster: starting node {name}")
         return node
+
+    def _joined(self, node: Node, timeout: float) -> bool:
+        """Whether this node's own raylet is ALIVE in the head's node table (False: its process exited).
+
+        Counting alive nodes is not enough here: a node killed a moment ago still counts as alive until the
+        head's health checks time out, so a new node that never came up would be taken for joined."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not _alive(node.pid):
+                return False
+            node_id = self.node_ids().get(node.name)
+            table = self._node_table() or []
+            if node_id and any(node_id in json.dumps(n) and n.get("raylet", {}).get("state") == "ALIVE"
+                               for n in table):
+                return True
+            time.sleep(1)
+        raise RuntimeError(f"node {node.name} did not join within {timeout:.0f} s: {self._tail(f'{node.name}.log')}")
 
     def remove_worker(self, name: str) -> Node:
         """Kill a worker node with everything on it, as a machine failure would (SIGKILL, no drain)."""
