@@ -192,7 +192,8 @@ def stop_mlflow_server(proc: subprocess.Popen) -> None:
 def pytest_collection_modifyitems(config, items):
     """The longest tests first (from ``tests/durations.json``), so two workers finish together; a module
     whose tests share a module-scoped fixture stays on one worker (``--dist loadgroup``), which builds it once.
-    A test measured over SLOW_SECONDS is marked slow (before ``-m`` selects).
+    A test measured over SLOW_SECONDS, or one that needs the session's Ray, is marked slow (before ``-m``
+    selects): a measured fast test on that Ray was fast only because another test had started it.
 
     Tests missing from the file count as the median test. Every worker sorts the same way (xdist needs it).
     """
@@ -200,8 +201,9 @@ def pytest_collection_modifyitems(config, items):
     typical = sorted(known.values())[len(known) // 2] if known else 1.0
     groups: dict[str, float] = {}
     for item in items:
-        if known.get(item.nodeid, 0.0) > SLOW_SECONDS and item.get_closest_marker("slow") is None:
-            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") is None and (
+                known.get(item.nodeid, 0.0) > SLOW_SECONDS or "ray_session" in item.fixturenames):
+            item.add_marker(pytest.mark.slow)  # the session's Ray: its start is paid by whichever test runs first
         shared = any(d.scope in ("module", "class") for defs in item._fixtureinfo.name2fixturedefs.values()
                      for d in defs)
         if shared and item.get_closest_marker("xdist_group") is None:
