@@ -116,7 +116,8 @@ def _study_call(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[li
 
 BAD_INPUT = [
     (["--seeds", "0"], None, "--seeds: 0 must be >= 1"),
-    (["--momenta", ""], None, "the grid is empty"),
+    (["--momenta", ""], None, "--momenta: give at least one value of m in [0, 1)"),
+    (["--momenta", "0.9,abc"], None, "--momenta: 'abc' is not a number"),
     (["--tracking-uri", "http://127.0.0.1:9"], None, "does not answer"),
     ([], {"RAY_ADDRESS": "127.0.0.1:9"}, "the cluster does not answer"),
     # config errors through a study process: refused before Ray, MLflow or torch load (tune/spec.py)

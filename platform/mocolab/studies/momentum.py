@@ -8,7 +8,7 @@
 import sys
 
 from ..tune import Trial
-from ..tune.study import make_sweep, run_study, seeds_of, study_parser
+from ..tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
 
 PAPER_TEXT = {0.0: "fail"}  # the paper's m = 0 did not train; values it did not run print as —
 
@@ -18,10 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--momenta", default="0,0.5,0.9,0.99,0.999,0.9999", help="comma-separated values of m")
     args = p.parse_args(argv)
     try:
-        momenta = [float(v) for v in args.momenta.split(",") if v.strip()]
+        momenta = momenta_of(args)
         seeds = seeds_of(args)
     except ValueError as err:
-        print(f"error: --momenta/--seeds: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     # seed by seed: a sweep stopped part way (--stop-after, Ctrl-C) holds whole seeds, every arm paired
     trials = [Trial(f"m={m:g} seed={s}", {"moco.m": m, "run.seed": s}) for s in seeds for m in momenta]

@@ -20,7 +20,7 @@ batch, temperature, epochs and K (the bank draws queue.size negatives a step).
 import sys
 
 from ..tune import Trial
-from ..tune.study import make_sweep, run_study, seeds_of, study_parser
+from ..tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
 
 RANDOM_M = 0.999  # random replacement: at the paper's momentum, where FIFO's keys are consistent
 
@@ -41,12 +41,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated key-encoder momenta for the FIFO queue (default 0.5,0.9,0.99,0.999)")
     args = p.parse_args(argv)
     try:
-        momenta = [float(v) for v in args.momenta.split(",") if v.strip()]
+        momenta = momenta_of(args)
         seeds = seeds_of(args)
-        if not momenta:
-            raise ValueError("--momenta: give at least one value")
     except ValueError as err:
-        print(f"error: --momenta/--seeds: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s})
               for name, overrides in settings(momenta).items() for s in seeds]

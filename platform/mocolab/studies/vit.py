@@ -15,7 +15,7 @@ the report shows both the accuracy and the gradient the fix acts on.
 import sys
 
 from ..tune import Trial
-from ..tune.study import make_sweep, run_study, seeds_of, study_parser
+from ..tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
 
 GRAD = "grad_norm_first_layer"
 
@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"instead: one trial per recipe {list(RECIPES)} at the preset's budget")
     args = p.parse_args(argv)
     try:
-        momenta = [float(v) for v in args.momenta.split(",") if v.strip()]
+        momenta = momenta_of(args)
         seeds = seeds_of(args)
     except ValueError as err:
-        print(f"error: --momenta/--seeds: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     if args.compare_versions:
         return _compare_versions(args, seeds)

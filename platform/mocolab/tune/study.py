@@ -68,6 +68,21 @@ def seeds_of(args: argparse.Namespace) -> list[int]:
     return list(range(args.first_seed, args.first_seed + args.seeds))
 
 
+def momenta_of(args: argparse.Namespace) -> list[float]:
+    """``--momenta``: comma-separated values of m (their range is the config's ``moco.m`` check)."""
+    values = []
+    for word in (w.strip() for w in args.momenta.split(",")):
+        if not word:
+            continue
+        try:
+            values.append(float(word))
+        except ValueError:
+            raise ValueError(f"--momenta: {word!r} is not a number (comma-separated values of m in [0, 1))") from None
+    if not values:
+        raise ValueError("--momenta: give at least one value of m in [0, 1)")
+    return values
+
+
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     """--config's fields, then --set's: applied to every trial over the preset (and recorded as the
     sweep's settings, so a resume with another file is refused by name)."""
