@@ -270,6 +270,8 @@ def test_sweep_lines_count_trials_and_estimate_what_is_left():
     assert said[-1].startswith("sweep: 1/3 trials done, 1 running, 1 pending")
     lines.on_trial_result(0, trials, trials[1], {"epoch": 4, "loss": 6.0, "images_per_s": 600.0})
     assert "kNN (at the end)" in said[-2] and "ETA" in said[-1]  # its last epoch logged: evaluating, not done
+    lines.on_trial_result(0, trials, trials[2], {"epoch": 1, "loss": 8.0, "val_knn_top1": 0.75, "images_per_s": 600.0})
+    assert "[m=0.999] epoch 1/4  loss 8.0000  val kNN 75.00%  600 img/s" in said  # data.val_size: the monitor's split
     assert [fmt_duration(s) for s in (5, 65, 3725)] == ["5s", "1m05s", "1h02m"]
 
 

@@ -83,9 +83,10 @@ class SweepProgress(Callback):
             return
         epoch = int(result.get("epoch", 0))
         self.epoch[trial.trial_id] = epoch
-        knn = result.get("knn_top1")
-        self.say(f"[{label}] epoch {epoch}/{self.epochs}  loss {result['loss']:.4f}  "
-                 f"kNN {_pct(knn) if knn is not None else '(at the end)'}  "
+        knn, val = result.get("knn_top1"), result.get("val_knn_top1")  # the monitor reads the validation split
+        monitor = (f"val kNN {_pct(val)}" if val is not None else f"kNN {_pct(knn)}" if knn is not None
+                   else "kNN (at the end)")  # when there is one
+        self.say(f"[{label}] epoch {epoch}/{self.epochs}  loss {result['loss']:.4f}  {monitor}  "
                  f"{result.get('images_per_s', 0):,.0f} img/s")
         if time.monotonic() - self.last_line >= self.every_s:
             self.say(self.line(trials))
