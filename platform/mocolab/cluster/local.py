@@ -37,6 +37,7 @@ JOIN_ATTEMPTS = 3  # starts of a worker node whose raylet exits before it joins 
 STATE = "cluster.json"
 MARKER = "MOCOLAB_CLUSTER"
 BACKENDS = ("auto", "postgres", "sqlite")
+DEFAULT_DIR = Path("~/.mocolab/cluster")
 
 
 def has_postgres_driver() -> bool:
@@ -44,7 +45,6 @@ def has_postgres_driver() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("psycopg2") is not None
-DEFAULT_DIR = Path("~/.mocolab/cluster")
 
 
 @dataclass
