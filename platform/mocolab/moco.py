@@ -117,14 +117,14 @@ class MoCo(nn.Module):
 
     def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         """``index``: the batch's images in the training set, recorded with their keys (key drift)."""
-        negatives = self.queue.snapshot()  # the keys of earlier steps: contrast fails if enqueue ran first
+        earlier = self.queue.snapshot()  # the keys of earlier steps: contrast fails if enqueue ran first
         with self._autocast(im_q):
             q = self.encoder_q(im_q)
         q = F.normalize(q.float(), dim=1)  # queries: N×C
         self.momentum_update()
         k = self.compute_keys(im_k)  # keys: N×C, no gradient
         l_pos = (q * k).sum(dim=1, keepdim=True)  # N×1
-        loss, correct = self.queue.contrast(q, l_pos, self.tau, negatives)  # N×K negatives, wherever they live
+        loss, correct = self.queue.contrast(q, l_pos, self.tau, earlier)  # N×K negatives, wherever they live
         written = self.queue.enqueue(k, int(self.step), index)  # in place: backward does not read the keys
         self.step += 1
         return MethodOutput(loss, correct, k, written)
