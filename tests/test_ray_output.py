@@ -36,6 +36,20 @@ def test_ray_trains_housekeeping_is_kept_from_the_terminal(lines, actor):
     assert keep(_batch(lines, actor)) is None
 
 
+def test_a_slow_cleaner_stop_traceback_is_kept_out_even_across_batches():
+    """Logged by the controller when the cleaner takes over 12 s to stop (a busy machine); the run is fine."""
+    head = ["Run finished: saving the result",
+            "2026-12-02 08:13:44,123\tERROR placement_group_callback.py:130 -- Failed to stop "
+            "PlacementGroupCleaner gracefully.", "Traceback (most recent call last):",
+            '  File "/x/placement_group_callback.py", line 126, in _stop_cleaner']
+    tail = ["    ray.get(self._cleaner.stop.remote(), timeout=self._stop_timeout)", "",
+            "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.", "Controller done"]
+    assert keep(_batch(head, "TrainController"))["lines"] == ["Run finished: saving the result"]
+    assert keep(_batch(tail, "TrainController"))["lines"] == ["Controller done"]
+    ours = ["Traceback (most recent call last):", "RuntimeError: the controller's own failure"]
+    assert keep(_batch(ours, "TrainController"))["lines"] == ours  # later tracebacks come through
+
+
 def test_the_runs_own_lines_and_errors_come_through():
     ours = ["epoch   1  step      4/8  loss 4.1920  pretext 31.8%  kNN 37.20%  1072 img/s",
             "Traceback (most recent call last):", "RuntimeError: the worker's own failure"]

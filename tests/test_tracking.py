@@ -96,3 +96,18 @@ def test_the_ui_advice_names_the_server_itself_for_a_server_and_mlflow_ui_for_a_
     assert ui_advice("https://mlflow.example/prefix") == (None, "https://mlflow.example/prefix")
     assert ui_advice(f"sqlite:///{tmp_path}/mlflow.db") == (
         f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db", "http://127.0.0.1:5000")
+
+
+def test_a_run_whose_params_the_store_refuses_is_not_left_behind(tmp_path):
+    """A run that exists without all its params would be found again by name and refused as another config
+    (or shown RUNNING forever): the store refusing them removes it, and the same start then creates it whole."""
+    from mocolab.tracking.mlflow_log import RunTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(Exception, match="bad\\?key"):  # MLflow's own check of a param's name
+        RunTracker(uri, "orphans").start("r", {"moco.m": 0.99, "bad?key": 1}, {})
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("orphans")
+    assert client.search_runs([exp.experiment_id]) == []
+    run_id, resumed = RunTracker(uri, "orphans").start("r", {"moco.m": 0.99}, {"moco": {"m": 0.99}})
+    assert not resumed and client.get_run(run_id).data.params == {"moco.m": "0.99"}

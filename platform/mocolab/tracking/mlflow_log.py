@@ -68,9 +68,18 @@ class RunTracker:
         if parent_run_id:
             all_tags[PARENT_ID_TAG] = parent_run_id
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=display_name or run_name)
+        try:
+            self.store.log_params(run.info.run_id, params)
+            self.store.log_texts(run.info.run_id, {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
+        except BaseException:
+            # a run without all its params would be found again by name and refused as another config:
+            # it goes (MLflow's delete keeps it in the trash), and the same command creates it whole
+            try:
+                self.client.delete_run(run.info.run_id)
+            except Exception:  # noqa: BLE001 - the store that failed the params may refuse this too
+                pass
+            raise
         self.run_id = run.info.run_id
-        self.store.log_params(self.run_id, params)
-        self.store.log_texts(self.run_id, {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
         return self.run_id, False
 
     def tag(self, key: str, value: str) -> None:

@@ -3,8 +3,10 @@
 Ray forwards every actor's output to the driver. Ray Train's helpers print what is not the user's problem:
 each report a worker sends, the worker group they start, a core-worker note about where an actor's arguments
 live, and, with a second Ray on the machine (another study, a notebook), a traceback from the placement-group
-cleaner, which cannot tell which of the local Rays is its own and stops watching. Our workers' own lines (the
-progress, the evaluation, errors) still come through; ``--verbose`` prints Ray's too.
+cleaner, which cannot tell which of the local Rays is its own and stops watching. On a busy machine the
+controller also logs a traceback when that cleaner takes longer than its fixed 12 s to stop at the end of a
+run, which changes nothing of the run. Our workers' own lines (the progress, the evaluation, errors) still
+come through; ``--verbose`` prints Ray's too.
 """
 
 from __future__ import annotations
@@ -26,14 +28,31 @@ QUIET_LINES = re.compile("|".join([
     r"has constructor arguments in the object store",
     r"Failed to query Ray Train Controller actor state",
 ]))
+# a line that opens a logged traceback about Ray Train's own helper, dropped up to the exception's line
+QUIET_TRACEBACKS = re.compile(r"Failed to stop PlacementGroupCleaner gracefully")
+_TRACEBACK_BODY = re.compile(r"^(Traceback \(most recent call last\):|\s|During handling|The above exception|$)")
 HANDLER = "ray_print_logs"  # the name Ray's driver gives its printer of worker output
+
+
+# (ip, pid) of processes in the middle of a quiet traceback: a traceback may span two forwarded batches
+_in_traceback: set[tuple[str, int]] = set()
 
 
 def keep(batch: dict) -> dict | None:
     """The batch of forwarded lines as the terminal should see it; None when nothing in it is ours."""
     if batch.get("actor_name") in HELPER_ACTORS:
         return None
-    lines = [line for line in batch.get("lines", []) if not QUIET_LINES.search(line)]
+    source = (batch.get("ip", ""), batch.get("pid", 0))
+    lines = []
+    for line in batch.get("lines", []):
+        if source in _in_traceback:
+            if not _TRACEBACK_BODY.match(line):  # the exception's own line ends the traceback
+                _in_traceback.discard(source)
+            continue
+        if QUIET_TRACEBACKS.search(line):
+            _in_traceback.add(source)
+        elif not QUIET_LINES.search(line):
+            lines.append(line)
     return {**batch, "lines": lines} if lines else None
 
 
