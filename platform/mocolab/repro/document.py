@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..analysis.stats import Comparison, fmt_p, holm, interval, paired
 from ..analysis.summary import PAPER_MOMENTUM
-from .plan import STUDIES, Study
+from .plan import LABEL, STUDIES, Study
 
 ALPHA = 0.05
 # "m = 0 fails", fixed before the runs: every seed of m = 0 meets all three.
@@ -264,19 +264,246 @@ def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
     return path
 
 
+# What the papers say about each generic study (by the field its arms differ in, else by its script): their
+# numbers where they give them, and the claims tested here as (arm, "<" or ">", the claim's words), the arm
+# against the study's reference on linear top-1.
+Paper = tuple[str, tuple[tuple[str, str, str], ...]]
+PAPER: dict[str, Paper] = {
+    "queue.size": (
+        "Paper (Figure 3, ImageNet linear top-1, ResNet-50): MoCo's accuracy rises with K all the way to "
+        "K = 65,536 (60.6); at K = 4,096 it is 59.0 (the momentum ablation's m = 0.999). The paper has no "
+        "Fashion-MNIST number.",
+        (("256", "<", "a larger dictionary is better: the smallest K is below the preset's K"),)),
+    "moco.bn": (
+        "Paper (Section 3.3, Shuffling BN): without shuffling, the batch's statistics leak which key is the "
+        "positive, so the model 'cheats' the pretext task and finds a low-loss solution that does not make "
+        "a good representation. The paper gives no accuracy for the unshuffled model. Here `split` emulates "
+        "its per-GPU BN with the key batch shuffled across the groups; `groups` and `plain` do not shuffle.",
+        (("plain", "<", "one BN over the whole batch, unshuffled, is worse than split"),
+         ("groups", "<", "split's groups without the shuffle are worse than split"))),
+    "negatives_ablation.py": (
+        "Paper (Figure 3, ImageNet linear top-1): MoCo's queue beats the memory bank at every K, 60.6 against "
+        "58.0 at K = 65,536 (a 2.6-point gap); end-to-end (in-batch) negatives match MoCo where memory allows "
+        "(K up to 1,024). The paper runs FIFO only: it gives no number for random replacement.",
+        (("memory bank", "<", "the memory bank is below MoCo's FIFO queue"),)),
+    "vit_ablation.py": (
+        "Papers (ImageNet linear top-1, ResNet-50, 200 epochs): MoCo v1 60.6, MoCo v2 67.5 (Chen et al. 2020); "
+        "MoCo v3 (Chen, Xie, He 2021) reports other epochs and backbones, no number at this recipe. Here every "
+        "recipe trains at vit-quick's data, batch and epochs. The random-init baseline is the convnet the "
+        "three convnet recipes train: the ViT's Δ is against that convnet, not against a random ViT.",
+        (("v1 convnet", "<", "v2's recipe (MLP head, τ 0.2, blur) improves on v1's"),)),
+}
+PRETEXT_NOTE = {"moco.bn": "pretext_acc"}  # studies whose pretext accuracy is itself tested against the reference
+
+
+def _paper(study: Study) -> Paper:
+    return PAPER.get(study.by) or PAPER.get(study.script) or ("The paper gives no number here.", ())
+
+
+def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
+    """The arms in the CSV, in the plan's order (others after, by their text)."""
+    found = [a for a in frame["arm"].astype(str).unique() if a not in ("random-init", "raw-pixels")]
+    order = {a: i for i, a in enumerate(study.arms)}
+    return sorted(found, key=lambda a: (order.get(a, len(order)), a))
+
+
+def study_family(study: Study, frame: pd.DataFrame) -> list[tuple[str, Comparison]]:
+    """Every paired test of the study as (metric, comparison), Holm-corrected together: each arm against the
+    reference on linear and kNN top-1 (and pretext accuracy where the study says so), then each arm's linear
+    top-1 against the random-init encoder of the same seed."""
+    arms, ref = _arms(study, frame), study.reference
+    metrics = ["linear_top1", "knn_top1", *([PRETEXT_NOTE[study.by]] if study.by in PRETEXT_NOTE else [])]
+    tests: list[tuple[str, Comparison]] = []
+    if ref in arms:
+        for metric in metrics:
+            base = _by_seed(frame, ref, metric)
+            tests += [(metric, paired(_by_seed(frame, a, metric), base, (a, ref))) for a in arms if a != ref]
+    init = _by_seed(frame, "random-init", "linear_top1")
+    if init:
+        tests += [("linear_top1", paired(_by_seed(frame, a, "linear_top1"), init, (a, "random-init"))) for a in arms]
+    return list(zip([m for m, _ in tests], holm([c for _, c in tests])))
+
+
+_METRIC = {"linear_top1": "linear", "knn_top1": "kNN", "pretext_acc": "pretext"}
+
+
+def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str) -> tuple[str, Path]:
+    """(the section of a study whose arms are any config field's values or a script's settings, its figure)."""
+    frame = frame.assign(arm=frame["arm"].astype(str))
+    arms = _arms(study, frame)
+    init = {m: _by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
+    rows = []
+    for arm in arms:
+        g = frame[frame["arm"] == arm]
+        ok = g[g["status"] == "finished"].drop_duplicates("seed")
+        statuses = ", ".join(f"{n} {s}" for s, n in g["status"].value_counts().items())
+        dl = paired(_by_seed(frame, arm, "linear_top1"), init["linear_top1"], (arm, "random-init"))
+        dk = paired(_by_seed(frame, arm, "knn_top1"), init["knn_top1"], (arm, "random-init"))
+        mark = " (reference)" if arm == study.reference else ""
+        rows.append(f"| {arm}{mark} | {len(ok)} | {_ci(ok['linear_top1'])} | {_diff(dl)} | {_ci(ok['knn_top1'])} | "
+                    f"{_diff(dk)} | {_num(ok['final_loss'].mean(), '.3f')} | {_ci(ok['pretext_acc'].dropna())} | "
+                    f"{statuses} |")
+    for name in ("random-init", "raw-pixels"):
+        base = frame[frame["arm"] == name]
+        if len(base):
+            zero = "0" if name == "random-init" else "—"
+            rows.append(f"| {name} | {len(base)} | {_ci(base['linear_top1'])} | {zero} | {_ci(base['knn_top1'])} | "
+                        f"{zero} | — | — | baseline |")
+    family = study_family(study, frame)
+    comp_rows = [f"| {c.a} − {c.b} | {_METRIC[m]} | {c.n} | {_diff(c)} | {_t(c)} | {fmt_p(c.p)} | "
+                 f"{fmt_p(c.p_holm)} | {c.verdict(ALPHA)} |" for m, c in family]
+    tested = sum(not math.isnan(c.p) for _, c in family)
+    paper, claims = _paper(study)
+    figure = _study_figure(study, frame, arms, fig_dir / f"{study.name}.png")
+    what = f"`{study.by}`" if study.by != LABEL else f"the settings of `{study.script}`"
+    pairing = ("paired by seed: seed s of every arm sees the same batches, but the recipes build different "
+               "networks" if study.baseline_sets else
+               "paired: seed s of every arm starts from the same encoder and sees the same batches")
+    reference = (f"the reference arm is `{study.reference}`" if study.reference in arms
+                 else f"the reference arm `{study.reference}` has no finished run yet")
+    text = "\n".join([
+        f"## {study.title}",
+        "",
+        f"Preset `{study.preset}`, {what} ∈ {{{', '.join(arms)}}}, seeds 0 to {study.seeds - 1} planned (the "
+        f"table counts those finished; {pairing}); {reference}. Fashion-MNIST test split (10,000 images) for "
+        f"every number.",
+        "",
+        *_provenance(frame),
+        "",
+        f"Run by `mocolab repro --study {study.name}` as: `python {' '.join(study.command(_precision(frame), 1))}`, "
+        f"after `mocolab baselines --preset {study.preset} --seeds {study.seeds} --name {study.name}` with the same "
+        f"`--set` values" + (f" and `{'`, `'.join(study.baseline_sets)}` (the baselines' encoder)"
+                             if study.baseline_sets else "") + ".",
+        "",
+        f"![{study.title}]({fig_rel}/{figure.name})",
+        "",
+        "Top-1 accuracy and pretext accuracy in %: mean ± std over seeds [95 % t-interval]; Δ: paired "
+        "difference from the random-init encoder of the same seed [95 % interval].",
+        "",
+        "| arm | seeds | linear | Δ linear vs init | kNN | Δ kNN vs init | final loss | pretext % | status |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Paired t-tests across seeds, Holm-corrected as one family of the {tested} with two or more paired "
+        f"seeds (α = {ALPHA}): each arm against `{study.reference}` on linear and kNN top-1"
+        + (" and pretext accuracy" if study.by in PRETEXT_NOTE else "")
+        + ", and each arm's linear top-1 against the random-init encoder of the same seed:",
+        "",
+        "| comparison | metric | seeds | Δ points [95 %] | t | p | p (Holm) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+        *comp_rows,
+        "",
+        "### The paper's claims",
+        "",
+        paper,
+        "",
+        *_claims(study, family, claims),
+        "",
+    ])
+    return text, figure
+
+
+def _num(x: float, spec: str) -> str:
+    return "—" if x is None or math.isnan(x) else format(x, spec)
+
+
+def _claims(study: Study, family: list[tuple[str, Comparison]], claims) -> list[str]:
+    by = {(c.a, c.b): c for m, c in family if m == "linear_top1"}
+    out = []
+    for arm, sign, words in claims:
+        c = by.get((arm, study.reference))
+        if c is None:
+            out.append(f"- *{words}* (`{arm}` {sign} `{study.reference}`, linear top-1): **not yet tested** "
+                       f"(an arm has no finished run).")
+            continue
+        v = c.verdict(ALPHA)
+        mark = ("**not yet tested**" if c.n < 2 else "**reproduced**" if v == f"{c.a} {sign} {c.b}"
+                else "**not reproduced** (no significant difference)" if v == "no difference" else "**reversed**")
+        out.append(f"- *{words}* (`{arm}` {sign} `{study.reference}`, linear top-1): {mark} — "
+                   f"{c.a} − {c.b} = {_diff(c)} points, paired t = {_t(c)}, {_p('p', c.p)}, "
+                   f"{_p('Holm p', c.p_holm)}, {_seeds(c.n)}.")
+    return out or ["- The paper states no claim this study tests; the table and tests above are the finding."]
+
+
+def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pretext = study.by in PRETEXT_NOTE
+    fig, axes = plt.subplots(1, 2 if pretext else 1, figsize=(11 if pretext else 7, 4.2), dpi=110, squeeze=False)
+    ax = axes[0][0]
+    numeric = study.by == "queue.size"
+    x = [float(a) for a in arms] if numeric else list(range(len(arms)))
+    width = 0.38
+    for i, (metric, label, marker, color) in enumerate((("linear_top1", "linear probe", "o", "C0"),
+                                                        ("knn_top1", "kNN", "s", "C1"))):
+        ivs = [interval(frame[(frame["arm"] == a) & (frame["status"] == "finished")][metric]) for a in arms]
+        means = [100 * iv.mean for iv in ivs]
+        err = [[100 * (iv.mean - iv.low) if iv.n > 1 else 0 for iv in ivs],
+               [100 * (iv.high - iv.mean) if iv.n > 1 else 0 for iv in ivs]]
+        if numeric:
+            ax.errorbar(x, means, yerr=err, marker=marker, color=color, capsize=3, label=f"{label} (mean, 95 % CI)")
+        else:
+            ax.bar([xi + (i - 0.5) * width for xi in x], means, width, yerr=err, color=color, capsize=3,
+                   label=f"{label} (mean, 95 % CI)")
+        base = interval(frame[frame["arm"] == "random-init"][metric])
+        if base.n:
+            lo, hi = (base.low, base.high) if base.n > 1 else (base.mean, base.mean)
+            ax.axhspan(100 * lo, 100 * hi, color=color, alpha=0.15, label=f"{label}, random-init encoder (95 % CI)")
+            ax.axhline(100 * base.mean, color=color, alpha=0.5, linewidth=0.8)
+    pix = frame[frame["arm"] == "raw-pixels"]["linear_top1"]
+    if len(pix):
+        ax.axhline(100 * float(pix.iloc[0]), color="gray", linestyle="--", label="linear probe on raw pixels")
+    if numeric:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, arms)
+        ax.set_xlabel(f"{study.by} (log scale)")
+    else:
+        ax.set_xticks(x, arms, rotation=15)
+        ax.set_xlabel(study.by if study.by != "label" else "setting")
+        values = [100 * v for v in frame[frame["status"] == "finished"][["linear_top1", "knn_top1"]].stack()]
+        if values:
+            ax.set_ylim(max(0.0, min(values) - 5), min(100.0, max(values) + 3))
+    ax.set_ylabel("top-1 accuracy, Fashion-MNIST test (%)")
+    ax.set_title(study.title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    if pretext:
+        bx = axes[0][1]
+        ivs = [interval(frame[(frame["arm"] == a) & (frame["status"] == "finished")]["pretext_acc"].dropna())
+               for a in arms]
+        bx.bar(x, [100 * iv.mean if iv.n else 0 for iv in ivs], 0.6, color="C2", capsize=3,
+               yerr=[[100 * (iv.mean - iv.low) if iv.n > 1 else 0 for iv in ivs],
+                     [100 * (iv.high - iv.mean) if iv.n > 1 else 0 for iv in ivs]])
+        bx.set_xticks(x, arms)
+        bx.set_xlabel(study.by)
+        bx.set_ylabel("pretext accuracy at the end of training (%)")
+        bx.set_title("Pretext (instance discrimination) accuracy, mean and 95 % CI", fontsize=9)
+        bx.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
 def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     """Read every study's CSV under ``results``, write ``doc`` and the figures; what it wrote."""
     fig_rel = Path("figures").as_posix() if fig_dir.parent == doc.parent else str(fig_dir)
-    sections, headlines, figures, missing = [], [], [], []
+    sections, headlines, figures = [], [], []
     for study in STUDIES:
         path = results / f"{study.name}.csv"
         if not path.is_file():
-            missing.append(study.name)
+            sections.append(not_run(study))
             continue
         frame = pd.read_csv(path, dtype={"arm": str, "commit": str})
-        text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel)
+        if study.by == "moco.m":
+            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel)
+            headlines.append(headline)
+        else:
+            text, figure = study_section(study, frame, fig_dir, fig_rel)
         sections.append(text)
-        headlines.append(headline)
         figures.append(figure)
     markdown = "\n".join([
         "# Reproduction",
@@ -291,12 +518,15 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         "probe on the *raw pixels*.",
         "",
         *sections,
-        *([f"Not yet run: {', '.join(missing)} (`make repro` runs {'it' if len(missing) == 1 else 'them'})."]
-          if missing else []),
     ]).rstrip() + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(markdown)
     return Written(markdown, "\n\n".join(headlines), figures)
+
+
+def not_run(study: Study) -> str:
+    """What stands for a study with no CSV yet: its title and the command that runs it."""
+    return f"## {study.title}\n\nNot run yet: `mocolab repro --study {study.name}`.\n"
 
 
 def replace_headline(readme: str, headline: str) -> str:

@@ -4,18 +4,23 @@ each number depends on (commit, precision, torch, device, data digest), so the w
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from ..tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
 from .baselines import EXPERIMENT as BASELINES, KIND_TAG, SET_TAG
-from .plan import Study
+from .plan import LABEL, Study, word
 
 COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
            "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",
            "run_id"]
-EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation"}
+# the MLflow experiment each study script logs to (its make_sweep's study); the parent run is tagged with --name
+EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation", "queue_ablation.py": "queue-ablation",
+               "augmentation_ablation.py": "augmentation-ablation", "negatives_ablation.py": "negatives-ablation",
+               "vit_ablation.py": "vit-ablation"}
+SEED_SUFFIX = re.compile(r"\s*seed=-?\d+$")
 
 
 def export(study: Study, store: Store, out_dir: Path) -> Path | None:
@@ -24,17 +29,26 @@ def export(study: Study, store: Store, out_dir: Path) -> Path | None:
     if not rows:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame(rows, columns=COLUMNS).sort_values(["arm", "seed"], key=_order).reset_index(drop=True)
+    order = {arm: i for i, arm in enumerate(study.arms)}
+    frame = pd.DataFrame(rows, columns=COLUMNS).sort_values(
+        ["arm", "seed"], key=lambda col: _order(col, order)).reset_index(drop=True)
     path = out_dir / f"{study.name}.csv"
     frame.to_csv(path, index=False, float_format="%.6g")
     return path
 
 
-def _order(col: pd.Series) -> pd.Series:
-    if col.name == "arm":  # baselines first, then the arms by value
-        return col.map(lambda a: (-1.0 if a == "raw-pixels" else -0.5) if a in ("raw-pixels", "random-init")
-                       else float(a))
+def _order(col: pd.Series, order: dict[str, int]) -> pd.Series:
+    if col.name == "arm":  # baselines first, then the arms in the plan's order, then any other by its text
+        baseline = {"raw-pixels": -2, "random-init": -1}
+        return col.map(lambda a: baseline.get(a, order.get(a, len(order)))).astype(float)
     return col.astype(float).fillna(-1)
+
+
+def arm_of(study: Study, trial: pd.Series) -> str:
+    """The trial's arm as text: its value of ``study.by`` (0.99, 4096, split), or its label less the seed."""
+    if study.by == LABEL:
+        return SEED_SUFFIX.sub("", str(trial["label"]))
+    return word(trial[f"params.{study.by}"])
 
 
 def _common(run) -> dict:
@@ -56,7 +70,7 @@ def _trials(study: Study, store: Store) -> list[dict]:
     rows = []
     for run, (_, t) in zip(runs, frame.iterrows()):
         m = run.data.metrics
-        rows.append({"study": study.name, "arm": f"{float(t[f'params.{study.by}']):g}",
+        rows.append({"study": study.name, "arm": arm_of(study, t),
                      "seed": int(t["params.run.seed"]), "status": t["status"],
                      "linear_top1": t["linear_top1"], "knn_top1": t["knn_top1"], "final_loss": t["final_loss"],
                      "pretext_acc": m.get("pretext_acc", math.nan), "queue_size": t.get("params.queue.size"),

@@ -4,6 +4,15 @@ the write-up, so that a study's command, its CSV file and its section in the doc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Union
+
+Value = Union[float, int, str]
+LABEL = "label"  # ``Study.by`` when the arm is the trial's label less its seed (a script's named settings)
+
+
+def word(value: Value) -> str:
+    """An arm's text, as the CSV's ``arm`` column and a script's value list write it: 0.99, 4096, split."""
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
@@ -11,40 +20,78 @@ class Study:
     """One study of the reproduction.
 
     ``name`` is the sweep's ``--name`` (so the same command resumes it), the baselines' set name and the CSV
-    file's stem (``results/<name>.csv``).  ``by``: the config field its arms differ in.
+    file's stem (``results/<name>.csv``).  ``by``: the config field its arms differ in (``moco.m``,
+    ``queue.size``, ``moco.bn``), or ``label`` when an arm is one of the script's named settings (the trial's
+    label less ``seed=N``).  ``values``: the arms, numbers or words, in the order the document shows them.
+    ``flag``: the script's flag that takes the values as a comma-separated list, or None when the script
+    chooses its arms from switches in ``extra`` (``--grid``, ``--what bn``).  ``reference``: the arm every
+    other is tested against in the write-up.  ``baseline_sets``: ``--set`` values for the baselines alone
+    (where the preset's encoder is not the one the arms train).
     """
 
     name: str
     script: str
     preset: str
     by: str
-    values: tuple[float, ...]
+    values: tuple[Value, ...]
     seeds: int
-    flag: str  # the script's flag that takes the values
+    flag: str | None
     title: str
     extra: tuple[str, ...] = field(default=())  # more flags of the script; its --set values reach the baselines
+    reference: str = ""
+    baseline_sets: tuple[str, ...] = field(default=())
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return tuple(word(v) for v in self.values)
 
     def overrides(self, precision: str) -> list[str]:
         """The ``--set`` values the trials and the baselines share: the pinned precision and ``extra``'s."""
         extra = [self.extra[i + 1] for i, a in enumerate(self.extra) if a == "--set"]
         return [f"run.precision={precision}", *extra]
 
+    def baseline_overrides(self, precision: str) -> list[str]:
+        return [*self.overrides(precision), *self.baseline_sets]
+
     def command(self, precision: str, threads: int) -> list[str]:
         """The study's command line (relative to the repository), with precision and threads pinned."""
         sets = [a for kv in [*self.overrides(precision), f"run.threads={threads}"] for a in ("--set", kv)]
         rest = [a for i, a in enumerate(self.extra) if a != "--set" and (i == 0 or self.extra[i - 1] != "--set")]
-        return ["experiments/" + self.script, "--preset", self.preset, self.flag,
-                ",".join(f"{v:g}" for v in self.values), "--seeds", str(self.seeds), "--name", self.name,
-                "--workers-per-trial", "0", *sets, *rest]
+        values = [self.flag, ",".join(self.arms)] if self.flag else []
+        return ["experiments/" + self.script, "--preset", self.preset, *values, "--seeds", str(self.seeds),
+                "--name", self.name, "--workers-per-trial", "0", *sets, *rest]
 
 
 MOMENTA = (0.0, 0.9, 0.99, 0.999, 0.9999)
+# Every K that mocolab.studies.queue.queue_sizes gives for cpu-quick (powers of two times the batch of 256, up
+# to half the 60,000 training images): log-spaced from 256 to 16,384, the preset's own K and the largest valid.
+QUEUE_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
+BN_MODES = ("plain", "groups", "split")
+# negatives_ablation.py's settings at --momenta 0.999: the four sources, the queue's two at the paper's m
+NEGATIVES = ("in batch", "memory bank", "queue fifo m=0.999", "queue random m=0.999")
+# vit_ablation.py --compare-versions: each version's own recipe (head, tau, augmentation, optimiser)
+VERSIONS = ("v1 convnet", "v2 convnet", "v3 convnet", "v3 vit_tiny")
+CONVNET = ("model.backbone=convnet", "model.width=32", "vit.patch_size=0", "vit.depth=0")
 
 STUDIES: tuple[Study, ...] = (
     Study("momentum-cpu-quick", "momentum_ablation.py", "cpu-quick", "moco.m", MOMENTA, 5, "--momenta",
           "Momentum of the key encoder, cpu-quick budget"),
     Study("momentum-cpu-full", "momentum_ablation.py", "cpu-full", "moco.m", MOMENTA, 5, "--momenta",
           "Momentum of the key encoder, cpu-full budget"),
+    Study("queue-cpu-quick", "queue_ablation.py", "cpu-quick", "queue.size", QUEUE_SIZES, 3, None,
+          "Queue size K, cpu-quick budget", extra=("--grid",), reference="16384"),
+    Study("bn-cpu-quick", "augmentation_ablation.py", "cpu-quick", "moco.bn", BN_MODES, 3, None,
+          "Batch norm: the cheating that shuffling BN prevents, cpu-quick budget", extra=("--what", "bn"),
+          reference="split"),
+    # The memory bank writes each entry once an epoch: at cpu-quick's 3 epochs its pretext accuracy stayed at
+    # 0 % and its loss above a uniform guess (benchmarks/RESULTS.md, "Sources of negatives"). cpu-full's 10
+    # epochs give every entry 10 writes, the plan's longest budget; every source trains as long.
+    Study("negatives-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, NEGATIVES, 3, None,
+          "Sources of negatives: in-batch, memory bank, queue (FIFO, random), cpu-full budget",
+          extra=("--momenta", "0.999"), reference="queue fifo m=0.999"),
+    Study("versions-vit-quick", "vit_ablation.py", "vit-quick", LABEL, VERSIONS, 3, None,
+          "MoCo v1, v2 and v3 at one budget (vit-quick's data, batch and epochs)", extra=("--compare-versions",),
+          reference="v2 convnet", baseline_sets=CONVNET),
 )
 
 

@@ -34,7 +34,7 @@ def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str |
     """Baselines (seconds), then the study (resumed where it stopped); the study's exit code."""
     from .baselines import log_baselines
 
-    log_baselines(study.name, study.preset, study.overrides(precision), list(range(study.seeds)),
+    log_baselines(study.name, study.preset, study.baseline_overrides(precision), list(range(study.seeds)),
                   tracking_uri=tracking_uri, say=say)
     script = study.command(precision, threads)
     argv = [sys.executable, str(REPO / script[0]), *script[1:]]

@@ -1,0 +1,119 @@
+"""The reproduction's plan beyond momentum: arms of any config field or a script's named settings, their
+command lines, their export, and the generic section of the document (tables, Holm, the not-run line)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pandas as pd
+
+from mocolab.analysis.stats import holm, paired
+from mocolab.repro.document import not_run, study_family, study_section, write
+from mocolab.repro.export import EXPERIMENTS, _order, arm_of
+from mocolab.repro.plan import STUDIES, study
+
+
+def test_the_momentum_studies_keep_their_command_lines_so_a_running_study_resumes():
+    tail = ["--seeds", "5"]
+    for name, preset in (("momentum-cpu-quick", "cpu-quick"), ("momentum-cpu-full", "cpu-full")):
+        assert study(name).command("bf16", 1) == [
+            "experiments/momentum_ablation.py", "--preset", preset, "--momenta", "0,0.9,0.99,0.999,0.9999", *tail,
+            "--name", name, "--workers-per-trial", "0", "--set", "run.precision=bf16", "--set", "run.threads=1"]
+    assert study("momentum-cpu-quick").baseline_overrides("fp32") == ["run.precision=fp32"]
+
+
+def test_every_new_study_runs_the_arms_its_script_makes_and_is_found_by_the_exporter():
+    from mocolab.studies.negatives import settings
+    from mocolab.studies.queue import queue_sizes
+    from mocolab.studies.vit import RECIPES
+
+    names = [s.name for s in STUDIES]
+    assert names[:2] == ["momentum-cpu-quick", "momentum-cpu-full"] and len(set(names)) == len(names)
+    assert all(s.script in EXPERIMENTS for s in STUDIES)
+    q = study("queue-cpu-quick")
+    assert list(q.values) == queue_sizes("cpu-quick", {}) and q.values[0] == 256 and q.reference == "16384"
+    assert q.command("bf16", 1)[-1] == "--grid" and "--momenta" not in q.command("bf16", 1)
+    assert set(study("bn-cpu-quick").arms) == {"plain", "groups", "split"}
+    assert study("bn-cpu-quick").command("bf16", 1)[-2:] == ["--what", "bn"]
+    neg = study("negatives-cpu-full")
+    assert list(neg.arms) == list(settings([0.999])) and neg.command("bf16", 1)[-2:] == ["--momenta", "0.999"]
+    versions = study("versions-vit-quick")
+    assert list(versions.arms) == list(RECIPES) and "model.backbone=convnet" in versions.baseline_overrides("bf16")
+    for s in STUDIES:
+        assert s.reference == "" and s.by == "moco.m" or s.reference in s.arms, s.name
+
+
+def test_an_arm_is_the_field_value_as_text_or_the_label_less_its_seed_and_the_csv_keeps_the_plan_order():
+    bn, neg, q = study("bn-cpu-quick"), study("negatives-cpu-full"), study("queue-cpu-quick")
+    assert arm_of(bn, pd.Series({"label": "bn=plain seed=2", "params.moco.bn": "plain"})) == "plain"
+    assert arm_of(q, pd.Series({"label": "K=4096 seed=0", "params.queue.size": 4096.0})) == "4096"
+    assert arm_of(neg, pd.Series({"label": "queue random m=0.999 seed=1"})) == "queue random m=0.999"
+    col = pd.Series(["split", "random-init", "plain", "raw-pixels", "groups"], name="arm")
+    ranks = _order(col, {a: i for i, a in enumerate(bn.arms)})
+    assert list(col[ranks.sort_values().index]) == ["raw-pixels", "random-init", "plain", "groups", "split"]
+
+
+def _frame(arms: dict[str, list[float]], pretext: dict[str, float] | None = None) -> pd.DataFrame:
+    rows = []
+    for arm, linears in arms.items():
+        for seed, lin in enumerate(linears):
+            rows.append({"study": "bn-cpu-quick", "arm": arm, "seed": seed, "status": "finished",
+                         "linear_top1": lin, "knn_top1": lin - 0.1, "final_loss": 7.0,
+                         "pretext_acc": (pretext or {}).get(arm, 0.1) + 0.01 * seed * (2 if arm == "split" else 1)})
+    for seed in range(3):
+        rows.append({"study": "bn-cpu-quick", "arm": "random-init", "seed": seed, "status": "finished",
+                     "linear_top1": 0.84 + 0.001 * seed, "knn_top1": 0.73})
+    rows.append({"study": "bn-cpu-quick", "arm": "raw-pixels", "seed": math.nan, "status": "finished",
+                 "linear_top1": 0.83, "knn_top1": 0.72})
+    frame = pd.DataFrame(rows)
+    for col in ("commit", "dirty", "precision", "torch", "device", "data"):
+        frame[col] = {"precision": "bf16", "dirty": "false"}.get(col, "x")
+    return frame
+
+
+def test_the_generic_section_tables_every_arm_beside_the_baselines_and_holm_corrects_its_tests(tmp_path):
+    s = study("bn-cpu-quick")
+    arms = {"plain": [0.80, 0.805, 0.79], "groups": [0.85, 0.86, 0.858], "split": [0.87, 0.8752, 0.8722]}
+    frame = _frame(arms, pretext={"plain": 0.95, "groups": 0.9, "split": 0.1})
+    text, figure = study_section(s, frame, tmp_path, "figures")
+    assert figure.stat().st_size > 10_000 and f"![{s.title}](figures/{figure.name})" in text
+    mean, sd = 100 * statistics.mean(arms["split"]), 100 * statistics.stdev(arms["split"])
+    assert f"| split (reference) | 3 | {mean:.2f} ± {sd:.2f} [" in text
+    assert "| random-init | 3 | " in text and "| raw-pixels | 1 | 83.00 (1 seed) | — |" in text
+    # the family: plain and groups against split on linear, kNN and pretext; every arm against random-init
+    family = study_family(s, frame)
+    assert len(family) == 3 * 2 + 3 and "Holm-corrected as one family of the 9 with two or more" in text
+    assert [m for m, _ in family] == ["linear_top1"] * 2 + ["knn_top1"] * 2 + ["pretext_acc"] * 2 + ["linear_top1"] * 3
+    by = lambda arm, metric: {i: v for i, v in enumerate(frame[frame["arm"] == arm][metric])}  # noqa: E731
+    expected = holm([paired(by(a, m), by("split", m), (a, "split")) for m in ("linear_top1", "knn_top1", "pretext_acc")
+                     for a in ("plain", "groups")]
+                    + [paired(by(a, "linear_top1"), by("random-init", "linear_top1"), (a, "random-init"))
+                       for a in ("plain", "groups", "split")])
+    assert [c.p_holm for _, c in family] == [c.p_holm for c in expected]
+    assert all(c.p_holm >= c.p for _, c in family)
+    assert "| plain − split | pretext | 3 |" in text and "| groups − split | linear | 3 |" in text
+    claim = next(line for line in text.splitlines() if line.startswith("- *one BN over the whole batch"))
+    assert "**reproduced**" in claim and "Holm p" in claim
+    assert "The paper gives no accuracy for the unshuffled model." in text
+    # a study whose reference has not run yet states it, and tests nothing against it
+    text, _ = study_section(s, frame[frame["arm"] != "split"], tmp_path, "figures")
+    assert "the reference arm `split` has no finished run yet" in text and "**not yet tested**" in text
+
+
+def test_a_queue_study_draws_k_on_a_log_axis_and_a_study_without_csv_gets_its_command(tmp_path):
+    q = study("queue-cpu-quick")
+    frame = _frame({str(k): [0.85 + 0.001 * i, 0.851 + 0.001 * i, 0.849 + 0.001 * i] for i, k in enumerate(q.values)})
+    text, figure = study_section(q, frame, tmp_path, "figures")
+    assert figure.is_file() and "| 256 | 3 |" in text and "| 16384 (reference) | 3 |" in text
+    assert "60.6" in text  # the paper's number where it has one
+    results = tmp_path / "results"
+    results.mkdir()
+    frame.assign(study=q.name).to_csv(results / f"{q.name}.csv", index=False)
+    out = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures")
+    doc = (tmp_path / "REPRODUCTION.md").read_text()
+    assert out.headline == "" and len(out.figures) == 1
+    assert f"## {q.title}\n\nPreset `cpu-quick`" in doc
+    for other in STUDIES:
+        if other.name != q.name:
+            assert not_run(other) in doc and f"Not run yet: `mocolab repro --study {other.name}`." in doc
