@@ -51,7 +51,7 @@ def run(preset: str, steps: int, warmup: int, report_every: int, threads: int, o
     batches = iter(tr.data.epoch(tr.epoch_order(0), tr.batch, tr.rank, tr.world_size, 0))
     first = None
     for _ in range(max(warmup, 1)):
-        tr.train_step(next(batches))
+        tr.train_step(next(batches), None, tr.schedule.momentum(tr.step))
         first = first or time.time() - launch_t
     ranks = [os.getpid()]
     if dist.is_initialized():
@@ -66,7 +66,7 @@ def run(preset: str, steps: int, warmup: int, report_every: int, threads: int, o
             except StopIteration:
                 batches = iter(tr.data.epoch(tr.epoch_order(tr.epoch + 1), tr.batch, tr.rank, tr.world_size, 0))
                 images = next(batches)
-            tr.train_step(images)
+            tr.train_step(images, None, tr.schedule.momentum(tr.step))
             if report_every and i % report_every == 0:
                 path = os.path.join(folder, f"rank{tr.rank}.pt")
                 torch.save(tr.state_dict(), path)

@@ -18,7 +18,7 @@ def held_batches(tr: Trainer, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]
     the schedule is moved out of reach so no benchmark step is the run's last.  The process's allocator is
     set as a training process sets it (``keep_freed_memory``), for everything the benchmark runs."""
     keep_freed_memory()
-    tr.total_steps = 10**9
+    tr.schedule.total_steps = 10**9
     batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
     return [next(batches) for _ in range(n)]
 
@@ -28,11 +28,11 @@ def timed_steps(tr: Trainer, data: list, warmup: int, sync=lambda: None) -> floa
     stream is the trainer's own; ``sync`` waits for a GPU)."""
     with torch.random.fork_rng(devices=[]):
         for images, index in data[:warmup]:
-            tr.train_step(images, index)
+            tr.train_step(images, index, tr.schedule.momentum(tr.step))
         sync()
         t0 = time.perf_counter()
         for images, index in data[warmup:]:
-            tr.train_step(images, index)
+            tr.train_step(images, index, tr.schedule.momentum(tr.step))
         sync()
         return (len(data) - warmup) * tr.batch / (time.perf_counter() - t0)
 

@@ -91,7 +91,7 @@ def main() -> None:
             done = 0
             while done < n:
                 for images in tr.data.epoch(tr.epoch_order(tr.epoch), tr.batch, tr.rank, tr.world_size, 0):
-                    tr.train_step(images)
+                    tr.train_step(images, None, tr.schedule.momentum(tr.step))
                     done += 1
                     if done == n:
                         break

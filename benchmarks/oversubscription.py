@@ -26,7 +26,7 @@ import time, torch
 from mocolab.config import build_config
 from mocolab.loop import Trainer
 tr = Trainer(build_config("smoke", {{"optim.max_steps": {steps}, "eval.knn_every": 0}}))
-t = time.perf_counter(); tr.train_epoch(progress=None); print(time.perf_counter() - t)
+t = time.perf_counter(); tr.train_epoch(); print(time.perf_counter() - t)
 """
 
 

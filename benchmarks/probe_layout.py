@@ -92,8 +92,8 @@ def main() -> None:
         for name, embed in ((f"init, seed {seed}", None), ("raw pixels", pixel_features)):
             if embed is not None and seed > 0:
                 continue  # the pixels do not depend on the seed
-            f_train, l_train = tr.split_features("train", e.linear_train, embed=embed)
-            f_test, l_test = tr.split_features("test", None, embed=embed)
+            f_train, l_train = tr.evaluation.split_features("train", e.linear_train, embed=embed)
+            f_test, l_test = tr.evaluation.split_features("test", None, embed=embed)
             for dtype in (torch.float32, torch.float64):
                 kw = {"weight_decay": e.linear_wd, "steps": e.linear_steps, "dtype": dtype}
                 ref, t_ref = timed(lambda: row_major_probe(f_train, l_train, f_test, l_test, tr.data.classes, **kw))

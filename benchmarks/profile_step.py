@@ -28,10 +28,10 @@ def main() -> None:
     data = held_batches(tr, args.warmup + args.steps)
     with torch.random.fork_rng(devices=[]):
         for images, index in data[:args.warmup]:
-            tr.train_step(images, index)
+            tr.train_step(images, index, tr.schedule.momentum(tr.step))
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for images, index in data[args.warmup:]:
-                tr.train_step(images, index)
+                tr.train_step(images, index, tr.schedule.momentum(tr.step))
     print(f"{args.steps} steps, batch {tr.batch}, {'bf16' if tr.precision is not None else 'fp32'} encoders, "
           f"{torch.get_num_threads()} threads")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))

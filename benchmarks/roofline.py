@@ -44,10 +44,10 @@ def step_figures(preset: str, precision: str, steps: int, warmup: int) -> tuple[
     data = held_batches(tr, warmup + steps + 1)
     with torch.random.fork_rng(devices=[]):
         for images, index in data[:warmup]:
-            tr.train_step(images, index)
+            tr.train_step(images, index, tr.schedule.momentum(tr.step))
         counter = FlopCounterMode(display=False)
         with counter:
-            tr.train_step(*data[warmup])
+            tr.train_step(*data[warmup], tr.schedule.momentum(tr.step))
     flops = counter.get_total_flops()
     rate = timed_steps(tr, data[warmup + 1:], 0) / tr.batch
     return flops, rate, f"batch {tr.batch}, {'bf16' if tr.precision is not None else 'fp32'} encoders"

@@ -58,13 +58,13 @@ def main() -> None:
     aug = args.steps * b / (time.perf_counter() - t0)
     print(f"augmentation (two views): {aug:8.0f} images/s")
 
-    tr.total_steps = 10**9  # no schedule end inside the benchmark
+    tr.schedule.total_steps = 10**9  # no schedule end inside the benchmark
     tr.model.train()
     for x in images[:args.warmup]:
-        tr.train_step(x)  # the trainer's own step: what a run does, nothing else
+        tr.train_step(x, None, tr.schedule.momentum(tr.step))  # the trainer's own step: what a run does, nothing else
     t0 = time.perf_counter()
     for x in images[args.warmup:]:
-        tr.train_step(x)
+        tr.train_step(x, None, tr.schedule.momentum(tr.step))
     dt = time.perf_counter() - t0
     print(f"training step:            {args.steps * b / dt:8.0f} images/s  ({1000 * dt / args.steps:.0f} ms/step)")
     print(f"augmentation share of a step: {100 * (args.steps * b / aug) / dt:.0f}%")

@@ -11,7 +11,7 @@ own configuration:
   with a one-image evaluation (its wall time less that step);
 - data: building the Trainer (decoding the data set, the models);
 - training: ``--steps`` steps after a warm-up, times the preset's steps;
-- kNN monitor: one ``Trainer.knn()`` times the epochs that run one;
+- kNN monitor: one ``Evaluation.knn()`` times the epochs that run one;
 - final evaluation: feature extraction, kNN and the linear probe, each timed.
 
 The training time is extrapolated from the timed steps (said in the output);
@@ -75,14 +75,15 @@ def main() -> None:
     parts: dict[str, float] = {}
     parts["start-up: imports"], parts["start-up: Ray, MLflow, one-step fit"] = startup_seconds(args.preset, overrides)
     parts["data and models"], tr = timed(lambda: Trainer(cfg))
-    total = tr.total_steps
+    total = tr.schedule.total_steps
     for _ in range(args.warmup):
-        tr.train_step(next(iter(tr.data.epoch(tr.epoch_order(0), tr.batch, tr.rank, tr.world_size, 0))))
+        images = next(iter(tr.data.epoch(tr.epoch_order(0), tr.batch, tr.rank, tr.world_size, 0)))
+        tr.train_step(images, None, tr.schedule.momentum(tr.step))
     batches = tr.data.epoch(tr.epoch_order(1), tr.batch, tr.rank, tr.world_size, 0)
     t0 = time.perf_counter()
     done = 0
     for images in batches:
-        tr.train_step(images)
+        tr.train_step(images, None, tr.schedule.momentum(tr.step))
         done += 1
         if done == args.steps:
             break
@@ -90,12 +91,12 @@ def main() -> None:
     parts["training"] = per_step * total
     e = cfg.eval
     monitors = (cfg.optim.epochs - 1) // e.knn_every if e.knn_every else 0  # the last epoch's comes with the probe
-    knn_s, _ = timed(tr.knn)
+    knn_s, _ = timed(tr.evaluation.knn)
     parts[f"kNN monitor ({monitors}x)"] = knn_s * monitors
     n_bank = min(e.knn_bank or tr.data.size, tr.data.size)
     n_lin = min(e.linear_train or tr.data.size, tr.data.size)
-    feat_s, (f_train, l_train) = timed(lambda: tr.split_features("train", max(n_bank, n_lin)))
-    test_s, (f_test, l_test) = timed(lambda: tr.split_features("test", None))
+    feat_s, (f_train, l_train) = timed(lambda: tr.evaluation.split_features("train", max(n_bank, n_lin)))
+    test_s, (f_test, l_test) = timed(lambda: tr.evaluation.split_features("test", None))
     parts["final: features"] = feat_s + test_s
     n_test = min(e.knn_test or len(l_test), len(l_test))
     parts["final: kNN"], _ = timed(lambda: knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_test[:n_test],

@@ -101,9 +101,9 @@ def test_trainer_probes_record_the_images_the_dictionary_holds():
     tr = Trainer(_tiny(**{"queue.policy": "random"}))
     for images, index in tr.data.epoch_indexed(tr.epoch_order(0), tr.batch, 0, 1, 0):
         with torch.random.fork_rng(devices=[]):
-            tr.train_step(images, index)
-    d = tr.diagnostics()
-    p = tr.probes
+            tr.train_step(images, index, tr.schedule.momentum(tr.step))
+    d = tr.drift.diagnostics(tr.step)
+    p = tr.drift.probes
     assert torch.equal(p.image, tr.model.queue.source[p.slots])  # each probe knows its slot's image
     assert torch.equal(p.write_step, tr.model.queue.write_step[p.slots])
     assert len(d["probes"]["age"]) == len(p.slots) and sum(d["age_histogram"]["counts"]) == 256
@@ -115,7 +115,7 @@ def test_trainer_probes_record_the_images_the_dictionary_holds():
 def test_probes_read_no_random_stream_so_training_is_the_same_with_or_without_them():
     with_probes, without = Trainer(_tiny(**{"optim.max_steps": 6})), Trainer(_tiny(**{"optim.max_steps": 6,
                                                                                         "eval.drift_probes": 0}))
-    assert with_probes.probes is not None and without.probes is None
+    assert with_probes.drift.probes is not None and without.drift.probes is None
     for tr in (with_probes, without):
         tr.train_epoch()
     for key, value in with_probes.encoder.state_dict().items():

@@ -420,7 +420,7 @@ def _sync_bn_trainer_rank(rank: int, world: int) -> dict:
     batches = tr.data.epoch(tr.epoch_order(0), tr.batch, rank, world, start_step=0)
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(tr.rng_state)
-        losses = [tr.train_step(next(batches)).loss for _ in range(3)]
+        losses = [tr.train_step(next(batches), None, tr.schedule.momentum(tr.step)).loss for _ in range(3)]
     bn = [m for m in tr.encoder.modules() if isinstance(m, GlobalBatchNorm)]
     return {"losses": losses, "weights": torch.cat([p.detach().flatten() for p in tr.encoder.parameters()]),
             "running": torch.cat([torch.cat([m.running_mean, m.running_var]) for m in bn]),

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mocolab.evaluation import extract_features, knn_accuracy, knn_predict, linear_probe
+from mocolab.evaluation import Evaluation, extract_features, knn_accuracy, knn_predict, linear_probe
 
 
 def _blobs(n_per: int, classes: int, dim: int, seed: int, spread: float = 0.3):
@@ -65,6 +65,47 @@ def test_extract_features_uses_eval_mode_and_restores_it():
     f_split = extract_features(net, x, batch_size=3)  # eval-mode BN: batching does not matter
     torch.testing.assert_close(f_all, f_split)
     assert net.training and f_all.shape == (10, 3 * 4 * 4)
+
+
+def _run_evaluation(validation: bool) -> Evaluation:
+    """A random convnet's evaluation on synthetic images: 256 training (64 of them held out if asked), 64 test."""
+    from mocolab.build import hold_out
+    from mocolab.config import EvalConfig
+    from mocolab.data import load_dataset
+    from mocolab.models import build_encoder
+    from mocolab.sources import MemorySource
+
+    full = load_dataset("synthetic", "train", synthetic_size=256, seed=0)
+    train, val = hold_out(full, 64) if validation else (full, None)
+    source = MemorySource(train, load_dataset("synthetic", "test", synthetic_size=256, seed=0), val=val)
+    torch.manual_seed(0)
+    encoder = build_encoder("convnet", 1, width=8, head="linear", dim=16)
+    cfg = EvalConfig(knn_k=20, knn_bank=None, knn_test=None, linear_train=None, linear_steps=5)
+    return Evaluation(encoder, source, cfg, device=torch.device("cpu"), validation=validation)
+
+
+@pytest.mark.parametrize("validation", [False, True], ids=["test", "validation"])
+def test_a_runs_monitor_and_final_scores_read_one_set_of_features(validation):
+    """The monitor reads the validation split where one is held out; with the whole training set as the kNN
+    bank it scores what the final evaluation scores on that split, and final_eval is the test's half of it."""
+    ev = _run_evaluation(validation)
+    scores = ev.final_scores()
+    assert ev.monitor_split == ("val" if validation else "test")
+    assert ev.knn() == (scores.val_knn if validation else scores.knn)
+    assert (scores.val_linear is not None) == validation
+    knn, probe = ev.final_eval()
+    assert knn == scores.knn and probe == scores.probe
+    feats, labels = ev.split_features("test", None)
+    assert feats.shape == (64, ev.encoder.backbone.out_dim) and len(labels) == 64
+
+
+def test_the_exported_backbone_is_a_float32_cpu_copy_with_the_same_features():
+    ev = _run_evaluation(False)
+    exported = ev.backbone_copy()
+    assert exported is not ev.encoder.backbone
+    assert all(p.dtype == torch.float32 and p.device.type == "cpu" for p in exported.parameters())
+    images, _ = next(iter(ev.source.eval_split("test", 16)))
+    assert torch.equal(extract_features(exported, images), ev.features(images))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

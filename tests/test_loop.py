@@ -69,3 +69,19 @@ def test_v3_vit_tiny_smoke_run_beats_the_encoder_at_initialisation():
     result = run_training(cfg, measure_init=True, progress=None)
     assert not result.diverged and result.steps == 96
     assert result.knn_top1 >= result.knn_top1_init + 0.02, (result.knn_top1_init, result.knn_top1)
+
+
+@pytest.mark.parametrize("m", [0.0, 1.0])
+def test_a_step_moves_the_key_encoder_by_the_momentum_it_is_given(m):
+    """train_step(images, index, m): the caller's m is the EMA's, whatever moco.m and its schedule say."""
+    cfg = build_config("smoke", {"data.name": "synthetic", "data.synthetic_size": 128, "data.subset": None,
+                                 "optim.batch_size": 32, "queue.size": 64, "model.width": 8, "moco.m": 0.5})
+    tr = Trainer(cfg)
+    images, index = next(iter(tr.data.epoch_indexed(tr.epoch_order(0), tr.batch, 0, 1, 0)))
+    query = [p.detach().clone() for p in tr.encoder.parameters()]
+    key = [p.detach().clone() for p in tr.model.key_encoder.parameters()]
+    with torch.random.fork_rng(devices=[]):
+        res = tr.train_step(images, index, m)
+    assert res.m == m and tr.model.m == m and tr.step == 1
+    for after, q, k in zip(tr.model.key_encoder.parameters(), query, key, strict=True):
+        assert torch.equal(after, q if m == 0.0 else k)  # θ_k ← m·θ_k + (1 − m)·θ_q, before f_q's update

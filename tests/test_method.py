@@ -14,7 +14,7 @@ import torch
 
 from mocolab.choices import NEGATIVE_SOURCES, VERSIONS
 from mocolab.config import build_config
-from mocolab.loop import encoder_factory
+from mocolab.build import encoder_factory
 from mocolab.method import METHODS, MethodParts, build_method, method_name
 
 B, SIZE, CHANNELS = 8, 16, 1

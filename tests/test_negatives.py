@@ -138,13 +138,13 @@ def _trainer_rank(rank: int, world: int, over: dict) -> dict:
     batches = tr.data.epoch_indexed(tr.epoch_order(0), tr.batch, rank, world, start_step=0)
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(tr.rng_state)
-        losses = [tr.train_step(*next(batches)).loss for _ in range(3)]
+        losses = [tr.train_step(*next(batches), tr.schedule.momentum(tr.step)).loss for _ in range(3)]
     store = tr.model.dictionary.keys if tr.model.dictionary is not None else None  # the bank's or queue's
     out = {"losses": torch.tensor(losses),
            "weights": torch.cat([p.detach().flatten() for p in tr.encoder.parameters()])}
     if store is not None:
-        out.update(store=store.clone(), probe_ref=tr.probes.ref, probe_image=tr.probes.image,
-                   probe_step=tr.probes.write_step)
+        probes = tr.drift.probes
+        out.update(store=store.clone(), probe_ref=probes.ref, probe_image=probes.image, probe_step=probes.write_step)
     return out
 
 

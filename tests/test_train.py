@@ -25,7 +25,7 @@ def _cfg(tmp_path: Path, **over):
 
 
 def _train_to(tr: Trainer, until: int, hook=None) -> None:
-    while tr.step < min(until, tr.total_steps):
+    while tr.step < min(until, tr.schedule.total_steps):
         tr.train_epoch(on_step=hook) if hook else tr.train_epoch()
 
 
@@ -132,7 +132,8 @@ def _check_hub_records(client: MlflowClient, run, out, cfg, tmp_path: Path) -> N
     encoder = mocolab.load_encoder(run.info.run_id, tracking_uri=client.tracking_uri)
     with torch.no_grad():
         got = encoder(images.float() / 255)
-    assert torch.allclose(got, trainer.features(images), atol=1e-5), float((got - trainer.features(images)).abs().max())
+    features = trainer.evaluation.features(images)
+    assert torch.allclose(got, features, atol=1e-5), float((got - features).abs().max())
     classifier = mocolab.load_encoder(run.info.run_id, tracking_uri=client.tracking_uri, name="classifier")
     with torch.no_grad():
         assert classifier(images.float() / 255).shape == (64, 10)
@@ -200,7 +201,7 @@ def test_v3_vit_on_two_ranks_logs_m_and_the_first_layer_gradient_per_step(tmp_pa
     images = load_dataset("fashion-mnist", "test").images[:32]
     encoder = mocolab.load_encoder(run_id, tracking_uri=uri)
     with torch.no_grad():
-        assert torch.allclose(encoder(images.float() / 255), init.features(images), atol=1e-4)
+        assert torch.allclose(encoder(images.float() / 255), init.evaluation.features(images), atol=1e-4)
 
 
 @pytest.mark.slow
@@ -232,4 +233,4 @@ def test_a_bank_or_random_queue_resumes_bit_for_bit(tmp_path, over):
         for key in a:
             if key != "_extra_state":
                 assert torch.allclose(a[key].float(), b[key].float(), atol=1e-6, rtol=0), (name, key)
-    assert int((full.probes.write_step >= 0).sum()) > 0  # the probes saw writes, and resumed with them
+    assert int((full.drift.probes.write_step >= 0).sum()) > 0  # the probes saw writes, and resumed with them

@@ -8,7 +8,8 @@ import torch
 
 from mocolab.config import build_config
 from mocolab.data import load_dataset
-from mocolab.loop import Trainer, hold_out, load_data, run_training
+from mocolab.build import hold_out, load_data
+from mocolab.loop import Trainer, run_training
 from mocolab.sources import validation_positions
 
 
@@ -61,8 +62,8 @@ def test_without_a_validation_split_nothing_changes():
     cfg = build_config("smoke", {"data.name": "synthetic", "data.synthetic_size": 512, "queue.size": 64,
                                  "optim.batch_size": 64, "optim.epochs": 1, "eval.linear_steps": 5})
     tr = Trainer(cfg)
-    assert tr.monitor_split == "test" and tr.data.size == 512
-    scores = tr.final_scores()
+    assert tr.evaluation.monitor_split == "test" and tr.data.size == 512
+    scores = tr.evaluation.final_scores()
     assert scores.val_knn is None and scores.val_linear is None
     with pytest.raises(ValueError, match="no 'val' split here: set data.val_size"):
         list(tr.data.eval_split("val", None))

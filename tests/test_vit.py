@@ -7,6 +7,7 @@ import torch
 
 from mocolab.config import build_config
 from mocolab.loop import Trainer
+from mocolab.monitors import GRAD_NORM_FIRST
 from mocolab.vit import PatchGradNorm, build_vit, default_patch_size, sincos_position_embedding
 
 
@@ -72,14 +73,15 @@ def test_frozen_patch_projection_is_bit_identical_after_optimisation_steps():
     blocks_before = tr.encoder.backbone.blocks[0].mlp[0].weight.clone()
     images = next(iter(tr.data.epoch(tr.epoch_order(0), tr.batch, 0, 1, start_step=0)))
     with torch.random.fork_rng(devices=[]):
-        results = [tr.train_step(images) for _ in range(3)]
+        results = [tr.train_step(images, None, tr.schedule.momentum(tr.step)) for _ in range(3)]
     for k, v in tr.encoder.backbone.patch_embed.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert not torch.equal(tr.encoder.backbone.blocks[0].mlp[0].weight, blocks_before)  # the rest trains
     # AdamW's weight decay would move a parameter it was given: the frozen one is not among them
     given = {id(p) for g in tr.optimizer.param_groups for p in g["params"]}
     assert id(tr.encoder.backbone.patch_embed.weight) not in given
-    assert all(r.grad_norm_first is not None and r.grad_norm_first > 0 for r in results)
+    grads = [r.monitored[GRAD_NORM_FIRST] for r in results]
+    assert all(g is not None and g > 0 for g in grads)
 
 
 def test_trained_patch_projection_moves():
@@ -87,9 +89,10 @@ def test_trained_patch_projection_moves():
     before = tr.encoder.backbone.patch_embed.weight.clone()
     images = next(iter(tr.data.epoch(tr.epoch_order(0), tr.batch, 0, 1, start_step=0)))
     with torch.random.fork_rng(devices=[]):
-        res = tr.train_step(images)
+        res = tr.train_step(images, None, tr.schedule.momentum(tr.step))
     assert not torch.equal(tr.encoder.backbone.patch_embed.weight, before)
-    assert res.grad_norm_first == pytest.approx(float(tr.encoder.backbone.patch_embed.weight.grad.norm()), rel=1e-4)
+    weight_grad = float(tr.encoder.backbone.patch_embed.weight.grad.norm())
+    assert res.monitored[GRAD_NORM_FIRST] == pytest.approx(weight_grad, rel=1e-4)
 
 
 def test_per_step_metrics_are_kept_every_nth_step():
@@ -99,4 +102,4 @@ def test_per_step_metrics_are_kept_every_nth_step():
         tr.train_epoch()
     series = tr.last_epoch_series or tr.epoch_stats.per_step
     assert [s for s, _ in series["m"]] == [2.0, 4.0]
-    assert [s for s, _ in series["grad_norm_first_layer"]] == [2.0, 4.0]
+    assert [s for s, _ in series[GRAD_NORM_FIRST]] == [2.0, 4.0]

@@ -48,9 +48,9 @@ def measure(cfg: Config, *, pixels: bool = True, progress=None) -> list[Baseline
     from .loop import Trainer  # torch models and data: imported when measured, not when the CLI parses
 
     tr = Trainer(cfg)
-    knn, probe = tr.final_eval(progress)
+    knn, probe = tr.evaluation.final_eval(progress)
     out = [Baseline("random-init", cfg.run.seed, knn, probe.test_top1)]
     if pixels:
-        knn, probe = tr.final_eval(None, embed=pixel_features)
+        knn, probe = tr.evaluation.final_eval(None, embed=pixel_features)
         out.append(Baseline("raw-pixels", None, knn, probe.test_top1))
     return out

@@ -3,19 +3,28 @@
 Both read the frozen backbone's features of un-augmented images and are
 deterministic: kNN has no randomness, and the probe is full-batch L-BFGS from
 a zero start on standardised features, so two calls on the same encoder give
-the same number.
+the same number.  ``Evaluation`` scores a run's encoder on its data source;
+the functions below it work on any features (transfer.py scores saved encoders
+with them).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .augment import Normalise, to_float
+
+if TYPE_CHECKING:
+    from .config import EvalConfig
+    from .sources import TrainSource
+
+Embed = Callable[[torch.Tensor], torch.Tensor]  # uint8 images -> features
 
 
 @torch.no_grad()
@@ -132,3 +141,95 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
         train_top1 = float((logits(xs).argmax(1) == train_labels).double().mean())
         test_top1 = float((logits(xt).argmax(1) == test_labels).double().mean())
     return ProbeResult(train_top1, test_top1, w.detach().T.contiguous(), b.detach(), mean, std)
+
+
+@dataclass
+class FinalScores:
+    """The end of a run: kNN and the probe on the test split, and on the validation split where there is one."""
+    knn: float
+    probe: ProbeResult
+    val_knn: float | None = None
+    val_linear: float | None = None
+
+
+class Evaluation:
+    """A run's encoder scored on its data source's evaluation images: the kNN monitor after an epoch, and kNN
+    with the linear probe at the end.
+
+    ``validation``: a validation split is held out (``data.val_size``); the monitor then reads it, so the
+    test split is scored once, at the end.  ``dtype``: the run's precision, so the features are the ones
+    training sees (``extract_features``).
+    """
+
+    def __init__(self, encoder: nn.Module, source: TrainSource, cfg: EvalConfig, *, device: torch.device,
+                 dtype: torch.dtype | None = None, validation: bool = False) -> None:
+        self.encoder, self.source, self.cfg = encoder, source, cfg
+        self.device, self.dtype, self.validation = device, dtype, validation
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """Backbone features of uint8 images, in eval mode at the run's precision."""
+        return extract_features(self.encoder.backbone, images, self.device, dtype=self.dtype)
+
+    def backbone_copy(self) -> nn.Module:
+        """A float32 CPU copy of the backbone: what is exported, detached from the training run."""
+        return copy.deepcopy(self.encoder.backbone).float().cpu()
+
+    def split_features(self, split: str, n: int | None,
+                       embed: Embed | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of a split's evaluation images, batch by batch: only features are kept.
+        ``embed``: uint8 images to features, by default the encoder's (a baseline passes its own)."""
+        embed = embed or self.features
+        feats, labels = [], []
+        for images, lab in self.source.eval_split(split, n):
+            feats.append(embed(images))
+            labels.append(lab)
+        return torch.cat(feats), torch.cat(labels)
+
+    @property
+    def monitor_split(self) -> str:
+        """The split the per-epoch monitor reads: the validation split where one is held out, else the test."""
+        return "val" if self.validation else "test"
+
+    def knn(self) -> float:
+        """The per-epoch kNN monitor on ``monitor_split``."""
+        e = self.cfg
+        f_bank, l_bank = self.split_features("train", e.knn_bank)
+        f_test, l_test = self.split_features(self.monitor_split, e.knn_test)
+        return knn_accuracy(f_bank, l_bank, f_test, l_test, self.source.classes, e.knn_k, e.knn_t)
+
+    def final_eval(self, progress: Callable[[str], None] | None = None,
+                   embed: Embed | None = None) -> tuple[float, ProbeResult]:
+        """(kNN top-1, the linear probe) on the test split: ``final_scores`` without the validation split."""
+        scores = self.final_scores(progress, embed, validation=False)
+        return scores.knn, scores.probe
+
+    def final_scores(self, progress: Callable[[str], None] | None = None, embed: Embed | None = None, *,
+                     validation: bool = True) -> FinalScores:
+        """kNN top-1 and the linear probe at the end, from one extraction of the features both read.
+
+        The kNN bank and the probe's training images are both prefixes of one
+        list of training images, so the numbers equal ``knn()`` and a separate probe.
+        ``embed``: what makes the features, by default the encoder (baselines.py passes raw pixels): every
+        encoder and baseline is scored on the same images by the same kNN and probe.
+        """
+        e, data = self.cfg, self.source
+        n_bank = min(e.knn_bank or data.size, data.size)
+        n_lin = min(e.linear_train or data.size, data.size)
+        f_train, l_train = self.split_features("train", max(n_bank, n_lin), embed)
+        f_test, l_test = self.split_features("test", None, embed)
+        n_test = min(e.knn_test or len(l_test), len(l_test))
+        if progress is not None:
+            progress(f"evaluation: kNN bank {data.describe_eval('train', n_bank)} training images, "
+                     f"linear probe trained on {data.describe_eval('train', n_lin)}, tested on all "
+                     f"{len(l_test):,} test images (kNN on {data.describe_eval('test', n_test)})")
+        knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_test[:n_test], l_test[:n_test],
+                           data.classes, e.knn_k, e.knn_t)
+        res = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test, l_test, data.classes,
+                           weight_decay=e.linear_wd, steps=e.linear_steps)
+        scores = FinalScores(knn, res)
+        if validation and self.validation:  # the same kNN bank and probe, on the held-out images
+            f_val, l_val = self.split_features("val", None, embed)
+            scores.val_knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_val, l_val, data.classes,
+                                          e.knn_k, e.knn_t)
+            scores.val_linear = res.score(f_val, l_val)
+        return scores

@@ -83,7 +83,7 @@ def transfer_config(trained: Config, data: str, overrides: Mapping[str, Any] | N
 def load_eval_data(cfg: Config):
     """The data set of ``cfg`` decoded into memory (``sources.MemorySource``); data that cannot be read is
     a ValueError naming the data set, as bad input."""
-    from .loop import load_data
+    from .build import load_data
     from .sources import MemorySource
 
     try:
@@ -110,7 +110,7 @@ def to_channels(images: torch.Tensor, channels: int) -> torch.Tensor:
 
 def score(encoder: SavedEncoder, cfg: Config, source=None,
           progress: Callable[[str], None] | None = print) -> TransferResult:
-    """kNN top-1 and the linear probe of ``encoder`` on the data of ``cfg``, as ``Trainer.final_eval`` scores
+    """kNN top-1 and the linear probe of ``encoder`` on the data of ``cfg``, as ``evaluation.Evaluation`` scores
     a run: one feature extraction, the kNN bank and the probe's training images prefixes of one list."""
     import torch
 

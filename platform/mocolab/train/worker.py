@@ -109,7 +109,7 @@ def log_trained_models(trainer: Trainer, result, loop_config: dict) -> None:
 
     images, _ = next(iter(trainer.data.eval_split("test", 4)))
     example = images[:4].float().div(255.0)
-    features = FeatureExtractor(trainer.backbone_copy(), trainer.data.channels)
+    features = FeatureExtractor(trainer.evaluation.backbone_copy(), trainer.data.channels)
     uris = log_models(loop_config["tracking_uri"], loop_config["mlflow_run_id"],
                       {ENCODER: features, CLASSIFIER: ProbeClassifier(features, result.probe)}, example,
                       step=result.steps)
@@ -225,7 +225,8 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
         if memory.warm is not None:
             memory.training_peak = memory.peak
         _maybe_inject_fault(tr, cfg.run.fault_step, run_dir, local=cfg.run.num_workers == 0)
-        if every and tr.step % every == 0 and tr.step % tr.steps_per_epoch and tr.step < tr.total_steps:
+        sched = tr.schedule
+        if every and tr.step % every == 0 and tr.step % sched.steps_per_epoch and tr.step < sched.total_steps:
             _report(session, tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
 
     last_diagnostics: dict = {}
