@@ -140,6 +140,24 @@ def test_a_bad_config_file_is_one_line_naming_the_problem(tmp_path, text, messag
         assert message in res.stderr
 
 
+def test_a_missing_data_folder_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """config.validate reads no disk; each command checks the data it will read (data_root.check_data) before
+    any work: one line naming data.root, exit 2, nothing written (no MLflow store, no run or sweep folder)."""
+    from mocolab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # `mocolab study` and `sweep` name themselves in argv
+    missing = str(tmp_path / "imagenet")
+    data = ["--set", "data.name=imagefolder", "--set", f"data.root={missing}"]
+    for argv in (["train", "--preset", "smoke", *data], ["train", "--preset", "smoke", "--print-config", *data],
+                 ["baselines", "--preset", "smoke", *data], ["study", "queue", "--preset", "smoke", "--grid", *data],
+                 ["study", "momentum", "--preset", "smoke", "--momenta", "0.9", *data],
+                 ["sweep", "--preset", "smoke", "--grid", "moco.tau=0.1,0.2", *data]):
+        assert main(argv) == 2, argv
+        assert f"data.root: {missing!r} does not exist" in capsys.readouterr().err, argv
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_each_named_study_is_also_a_mocolab_subcommand_with_the_scripts_flags(tmp_path):
     """``mocolab study NAME`` is the script's ``main`` (a pip-installed user has no experiments/ folder)."""
     from mocolab.studies import STUDIES

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 
@@ -60,7 +61,6 @@ def test_closed_forms():
     ({"moco.bn": "group"}, "moco.bn", "shuffle"),
     ({"moco.bn_groups": 3}, "moco.bn_groups", "divide the per-rank batch 256"),
     ({"data.name": "imagefolder"}, "data.root", "folder"),
-    ({"data.name": "imagefolder", "data.root": "/nonexistent/imagenet"}, "data.root", "does not exist"),
     ({"moco.version": "v4"}, "moco.version", "'v3'"),
     ({"moco.m_schedule": "linear"}, "moco.m_schedule", "cosine"),
     ({"optim.name": "adam"}, "optim.name", "adamw"),
@@ -113,11 +113,52 @@ def test_config_diff_lists_changes_and_ignores_fields_newer_than_the_run():
                                                                  "model.new_field: (absent) -> 3"]
 
 
-def test_unreadable_data_root(tmp_path):
+def test_unreadable_data_root(tmp_path, monkeypatch):
+    from mocolab.data_root import check_data
+
     f = tmp_path / "not-a-dir"
     f.write_text("x")
-    with pytest.raises(ValueError, match=r"data.root: .* is not a readable folder"):
-        build_config("smoke", {"data.root": str(f)})
+    with pytest.raises(ValueError, match=r"^data.root: .* is not a readable folder$"):
+        check_data(build_config("smoke", {"data.root": str(f)}))
+    monkeypatch.setenv("MOCOLAB_DATA", str(f))
+    with pytest.raises(ValueError, match=r"^data.root: \$MOCOLAB_DATA=.* is not a readable folder$"):
+        check_data(build_config("smoke"))
+
+
+def _image_folder(root, train: int, val: int) -> None:
+    """An imagefolder's layout with empty files: what the data check counts (nothing is decoded)."""
+    for split, n in (("train", train), ("val", val)):
+        (root / split / "c").mkdir(parents=True)
+        for i in range(n):
+            (root / split / "c" / f"{i}.png").touch()
+
+
+def test_validate_reads_the_config_alone_and_the_data_check_reads_the_disk(tmp_path):
+    """validate answers from the config: a folder that is not there, or holds too few images, passes it, and
+    the refusal comes from check_data, which every command runs where it uses the data, before any work."""
+    from mocolab.data_root import check_data
+
+    folder = {"data.name": "imagefolder", "data.root": str(tmp_path / "imagenet"), "data.subset": None,
+              "optim.batch_size": 4, "queue.size": 8, "moco.bn": "plain"}
+    cfg = validate(build_config("smoke", folder))
+    with pytest.raises(ValueError, match=r"^data.root: '.*imagenet' does not exist$"):
+        check_data(cfg)
+    (tmp_path / "imagenet" / "train").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"^data.root: imagefolder '.*' has no test/ or val/ folder"):
+        check_data(cfg)
+    _image_folder(tmp_path / "other", train=6, val=2)
+    small = validate(build_config("smoke", {**folder, "data.root": str(tmp_path / "other")}))
+    with pytest.raises(ValueError, match=r"^queue.size: 8 must be below the training-set size 6 "):
+        check_data(small)
+    for over, message in (({"data.val_size": 6}, "data.val_size: 6 holds out every training image"),
+                          ({"moco.negatives": "in_batch", "optim.batch_size": 8},
+                           "optim.batch_size: 8 is larger than the training set (6 images)"),
+                          ({"moco.negatives": "memory_bank", "bank.negatives": 6},
+                           "bank.negatives: 6 negatives per step must be below the training-set size 6")):
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            check_data(validate(small.replace(**over)))
+    fitting = small.replace(**{"queue.size": 4})
+    assert check_data(fitting) is fitting and fitting.train_size == 6
 
 
 def test_k_against_subset_size():

@@ -287,8 +287,7 @@ def test_imagefolder_loads_pngs(tmp_path):
 def test_validation_counts_the_images_the_loader_decodes(tmp_path):
     """One list of image suffixes: files the loader skips (.bmp, .ppm, .txt, hidden folders) are not counted."""
     from mocolab.config import build_config
-    from mocolab.data import count_images
-    from mocolab.image_files import IMAGE_EXTENSIONS
+    from mocolab.image_files import IMAGE_EXTENSIONS, count_images
 
     _write_png_folder(tmp_path)
     for name in ("x.bmp", "y.ppm", "notes.txt"):
@@ -333,14 +332,15 @@ def test_imagefolder_names_corrupt_files_and_converts_16_bit_and_palette(tmp_pat
 
 def test_imagefolder_missing_split_is_a_config_error(tmp_path):
     from mocolab.config import build_config
+    from mocolab.data_root import check_data
 
     _write_png_folder(tmp_path)
     import shutil
 
     shutil.rmtree(tmp_path / "val")
     with pytest.raises(ValueError, match=r"data.root: imagefolder .* has no test/ or val/ folder"):
-        build_config("smoke", {"data.name": "imagefolder", "data.root": str(tmp_path), "optim.batch_size": 2,
-                               "queue.size": 4, "moco.bn": "plain"})
+        check_data(build_config("smoke", {"data.name": "imagefolder", "data.root": str(tmp_path),
+                                          "optim.batch_size": 2, "queue.size": 4, "moco.bn": "plain"}))
 
 
 def test_cifar10_offline_message(tmp_path):

@@ -26,7 +26,8 @@ CHECKED = [
 ]
 # What a command loads before it checks its input: none of torch, Ray or MLflow, so --help answers and a bad
 # value or flag is refused in a fraction of a second instead of after their seconds of start-up.
-STARTS_LIGHT = ["mocolab.config", "mocolab.cli", "mocolab.choices", "mocolab.tune", "mocolab.tune.study"]
+STARTS_LIGHT = ["mocolab.config", "mocolab.data_root", "mocolab.cli", "mocolab.choices", "mocolab.tune",
+                "mocolab.tune.study"]
 HEAVY = ("torch", "ray", "mlflow")
 
 

@@ -245,7 +245,7 @@ def test_v3_reports_draw_what_their_studies_vary(tmp_path):
 def test_negatives_report_reads_the_middle_epochs_drift_probes(tmp_path):
     """A negatives sweep (sources and queue policies vary): the report draws negatives.png, not the momentum
     curve, from each trial's per-epoch diagnostics artifacts, and the table's drift is the middle epoch's."""
-    from mocolab.report import negatives_drift
+    from mocolab.studies.negatives_plots import negatives_drift
     from mocolab.tracking import Store
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -298,7 +298,7 @@ def test_negatives_study_settings_are_valid_configs():
         from negatives_ablation import settings
     finally:
         sys.path.pop(0)
-    from mocolab.analysis import negatives_setting
+    from mocolab.studies.negatives_plots import negatives_setting
     from mocolab.config import build_config
 
     got = {name: build_config("cpu-quick", ov) for name, ov in settings([0.5, 0.999]).items()}

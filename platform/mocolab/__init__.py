@@ -18,6 +18,7 @@ queue, norm, models, augment, data, evaluation, config) is plain PyTorch; Ray an
 the edges.
 """
 
+import importlib
 import sys
 import types
 
@@ -52,8 +53,6 @@ sys.modules[__name__].__class__ = _Package
 
 def __getattr__(name: str):
     if name == "train":
-        import importlib
-
         return importlib.import_module(".train", __name__)  # bound above as the callable subpackage
     if name in _API:
         from . import api

@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from . import config as _config
+from . import transfer as _transfer
+from .addresses import check_addresses
+from .config import Config
+from .data_root import check_data
 
 if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from .config import Config
     from .train import TrainOutcome
     from .transfer import TransferResult
 
@@ -54,12 +57,10 @@ def train(config: Config | str = "cpu-quick", overrides: Overrides = None, *, tr
     as a model (``load_encoder(outcome.mlflow_run_id)``). ``in_process``: the bare loop, without Ray, MLflow or
     checkpoints (``measure_init`` also scores the encoder before training).
     """
-    from .config import Config as _Config
-
-    cfg = config if isinstance(config, _Config) else build_config(config)
+    cfg = config if isinstance(config, Config) else build_config(config)
     if overrides:
         cfg = _config.apply_overrides(cfg, _overrides(overrides))
-    _config.validate(cfg)
+    check_data(_config.validate(cfg))
     if in_process:
         from .loop import run_training
         from .train import TrainOutcome as _Outcome
@@ -67,7 +68,6 @@ def train(config: Config | str = "cpu-quick", overrides: Overrides = None, *, tr
         res = run_training(cfg, measure_init=measure_init, progress=progress)
         return _Outcome(cfg.run_name, None, "diverged" if res.diverged else "finished", res.linear_top1,
                         res.knn_top1, res.final_loss, res.steps, False, None)
-    from .addresses import check_addresses
     from .train import fit
 
     check_addresses(tracking_uri)
@@ -155,24 +155,23 @@ def evaluate(encoder: Any, data: str, overrides: Overrides = None, *, tracking_u
     (``{"data.root": "/data/imgs"}``). Returns the scores, with ``run_id`` set when logged.
     """
     from .encoders import SavedEncoder, load_saved_encoder, resolve_source
-    from .transfer import EXPERIMENT, check_request, load_eval_data, log_transfer, score, transfer_config
 
     over = _overrides(overrides)
-    check_request(data, over)  # the cheap refusals first: before a store is asked or a file read
+    experiment = experiment or _transfer.EXPERIMENT
+    _transfer.check_request(data, over)  # the cheap refusals first: before a store is asked or a file read
     if log:
-        from .addresses import check_addresses
         from .tracking import check_tracking_uri, resolve_tracking_uri
 
-        _config.check_name("--experiment", experiment or EXPERIMENT)
+        _config.check_name("--experiment", experiment)
         check_addresses(tracking_uri)
         check_tracking_uri(resolve_tracking_uri(tracking_uri))
     saved = encoder if isinstance(encoder, SavedEncoder) else load_saved_encoder(
         resolve_source(encoder, tracking_uri), tracking_uri)
-    cfg = transfer_config(saved.config, data, over)
-    source = load_eval_data(cfg)
-    result = score(saved, cfg, source, progress)
+    cfg = _transfer.transfer_config(saved.config, data, over)
+    source = _transfer.load_eval_data(cfg)
+    result = _transfer.score(saved, cfg, source, progress)
     if log:
-        log_transfer(result, source.records(), experiment=experiment or EXPERIMENT, tracking_uri=tracking_uri)
+        _transfer.log_transfer(result, source.records(), experiment=experiment, tracking_uri=tracking_uri)
     return result
 
 

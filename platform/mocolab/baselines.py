@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .augment import to_float
 from .config import Config
+from .loop import Trainer
 
 PIXEL_SIDE = 32  # larger images are average-pooled to 32x32 before the pixel probe (ImageNet: 3,072 features)
 
@@ -45,8 +46,6 @@ class Baseline:
 
 def measure(cfg: Config, *, pixels: bool = True, progress=None) -> list[Baseline]:
     """The random-init encoder of ``cfg.run.seed`` (and, with ``pixels``, the raw pixels) under ``cfg.eval``."""
-    from .loop import Trainer  # torch models and data: imported when measured, not when the CLI parses
-
     tr = Trainer(cfg)
     knn, probe = tr.evaluation.final_eval(progress)
     out = [Baseline("random-init", cfg.run.seed, knn, probe.test_top1)]

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from . import __version__
+from . import transfer
 from .addresses import check_addresses
-from .config import (CHOICES, build_config, config_file_overrides, list_presets, parse_overrides, preset_summary,
-                     to_yaml)
+from .api import evaluate, sweep, train
+from .choices import DATASETS
+from .cluster import DEFAULT_DIR, LocalCluster
+from .config import (CHOICES, build_config, check_name, config_file_overrides, list_presets, parse_overrides,
+                     preset_summary, to_yaml)
+from .data_root import check_data
 from .exiting import exit_now
+from .interrupts import closing_on_signals, exit_code
+from .repro.run import main as repro_main
 from .studies import STUDIES
 
 
@@ -22,20 +30,16 @@ def _overrides(args: argparse.Namespace, more: list[str] = ()) -> dict:
 
 def _train(args: argparse.Namespace) -> int:
     storage = args.storage or os.environ.get("MOCOLAB_STORAGE")  # a cluster's shared storage, set once per node
-    cfg = build_config(args.preset, _overrides(args, [f"run.output_dir={storage}"] if storage else []))
+    cfg = check_data(build_config(args.preset, _overrides(args, [f"run.output_dir={storage}"] if storage else [])))
     if args.print_config:  # the resolved config, validated, and nothing else: no Ray, no MLflow, no training
         print(f"# mocolab train --preset {args.preset}: every resolved field; --config FILE reads it back")
         print(to_yaml(cfg), end="")
         return 0
     if not args.in_process:
         check_addresses(args.tracking_uri)  # before the seconds of importing torch, Ray and MLflow
-    from .api import train
-
     if args.in_process:
         out = train(cfg, in_process=True, measure_init=args.measure_init)
     else:
-        from .interrupts import closing_on_signals, exit_code
-
         with closing_on_signals():
             try:
                 out = train(cfg, tracking_uri=args.tracking_uri, ray_train_info=args.verbose)
@@ -114,11 +118,8 @@ def _leaderboard(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .api import evaluate
-    from .transfer import check_request
-
     overrides = parse_overrides(args.set or [])
-    check_request(args.data, overrides)  # before torch and MLflow load: a bad --data or --set is refused at once
+    transfer.check_request(args.data, overrides)  # before torch and MLflow load: a bad --data or --set, at once
     check_addresses(args.tracking_uri)
     res = evaluate(args.source, args.data, overrides, tracking_uri=args.tracking_uri, experiment=args.experiment)
     print(f"'{res.encoder.label}' on {args.data}: linear top-1 {_pct(res.linear_top1)}, kNN top-1 "
@@ -128,9 +129,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _eval_parser(sub) -> None:
-    from .choices import DATASETS
-    from .transfer import EXPERIMENT
-
     ev = sub.add_parser("eval", help="kNN and linear probe of a trained encoder on any supported data set (a "
                         "transfer test), logged as an MLflow run tagged with the source run")
     ev.add_argument("source", metavar="RUN_ID|MODEL_URI|EXPORT_DIR",
@@ -140,15 +138,14 @@ def _eval_parser(sub) -> None:
     ev.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="a data.*, eval.* or run.seed/device/precision/threads field, e.g. --set data.root=DIR "
                          "(repeatable; the rest are the source run's)")
-    ev.add_argument("--experiment", default=EXPERIMENT, help=f"MLflow experiment of the evaluation run "
-                    f"(default {EXPERIMENT})")
+    ev.add_argument("--experiment", default=transfer.EXPERIMENT,
+                    help=f"MLflow experiment of the evaluation run (default {transfer.EXPERIMENT})")
     ev.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     ev.set_defaults(func=_eval)
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .api import sweep
     from .tune.grid import EXPERIMENT
     from .tune.search import SCHEDULERS, SEARCHERS
     from .tune.study import seeds_of, study_parser
@@ -182,7 +179,6 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .config import check_name
     from .tracking.models import export_run, register_model
 
     if args.register is not None:
@@ -196,8 +192,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from .cluster import LocalCluster
-
     cluster = LocalCluster(args.dir)
     if args.action == "up":
         cluster.up(workers=args.workers, cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
@@ -221,8 +215,6 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _cluster_parser(sub) -> None:
-    from .cluster import DEFAULT_DIR
-
     cl = sub.add_parser("cluster", help="a Ray head, N worker nodes and an MLflow server (PostgreSQL or sqlite) "
                         "on this machine, all on 127.0.0.1: the cluster topology without Docker")
     actions = cl.add_subparsers(dest="action", required=True)
@@ -258,8 +250,6 @@ def _cluster_parser(sub) -> None:
 
 
 def _study(args: argparse.Namespace) -> int:
-    import importlib
-
     sys.argv = [f"mocolab study {args.name}"]  # its usage line and its runs' MLflow source name say so
     return importlib.import_module(f".studies.{args.name}", __package__).main(args.args)
 
@@ -274,13 +264,13 @@ def _presets(_args: argparse.Namespace) -> int:
 
 
 def _baselines(args: argparse.Namespace) -> int:
-    from .repro.baselines import log_baselines
-
     if args.seeds < 1:
         raise ValueError(f"--seeds: {args.seeds} must be >= 1")
     overrides = [f"{k}={v}" for k, v in _overrides(args).items()]
-    build_config(args.preset, overrides)  # bad fields refused before data and models load
+    check_data(build_config(args.preset, overrides))  # bad fields and data refused before torch and MLflow load
     check_addresses(args.tracking_uri)
+    from .repro.baselines import log_baselines
+
     log_baselines(args.name or args.preset, args.preset, overrides,
                   list(range(args.first_seed, args.first_seed + args.seeds)), tracking_uri=args.tracking_uri)
     return 0
@@ -302,8 +292,6 @@ def _baselines_parser(sub) -> None:
 
 
 def _repro(args: argparse.Namespace) -> int:
-    from .repro.run import main as repro_main
-
     if not args.document_only:
         check_addresses(args.tracking_uri)
     return repro_main(args)

@@ -1,9 +1,11 @@
 """Typed experiment configuration: defaults, YAML presets, ``--set`` overrides, validation.
 
 A config is plain data so that it can be flattened into MLflow params, saved
-beside a checkpoint and compared across runs.  Every mistake a user can make
-is caught here, before data is loaded or a process is started, as a
-``ValueError`` that names the field, the value and what is allowed.
+beside a checkpoint and compared across runs.  Every mistake in a config is
+caught here, before data is loaded or a process is started, as a
+``ValueError`` that names the field, the value and what is allowed.  The
+checks read the config alone; whether the data it names is on this disk, and
+holds enough images, is ``data_root.check_data``'s question.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import yaml
 from .choices import (AUGMENT_PRESETS, BACKBONES, BN_MODES, DATASETS, DEVICES, HEADS, LOADERS, LR_SCHEDULES,
                       M_SCHEDULES, NEGATIVE_SOURCES, OPTIMIZERS, PRECISIONS, QUEUE_LAYOUTS, QUEUE_POLICIES,
                       MIN_IMAGE_SIZE, STREAMABLE, TRAIN_SIZES, VERSIONS, VIT_SIZES, native_image_size)
+from .image_files import count_images
 from .storage import is_uri
 
 PRESET_DIR = Path(__file__).with_name("presets")
@@ -190,13 +193,13 @@ class Config:
 
     @property
     def train_size(self) -> int | None:
-        """Number of training images, known without loading (None: must be counted)."""
+        """Training images a run trains on: the set less ``data.val_size``, at most ``data.subset``; None where
+        the set's size cannot be known. A folder of images (imagefolder, parquet) is counted on disk, which is
+        why ``validate`` reads ``known_train_size`` instead and ``data_root.check_data`` checks the count."""
         d = self.data
         if d.name == "synthetic":
             n: int | None = d.synthetic_size
         elif d.name in STREAMABLE:
-            from .data import count_images  # a folder walk; data.py (and torch) only for a streamable set
-
             n = count_images(d.root, "train", d.name)
         else:
             n = TRAIN_SIZES.get(d.name)
@@ -205,6 +208,11 @@ class Config:
             if d.subset is not None:
                 n = min(n, d.subset)
         return n
+
+    @property
+    def known_train_size(self) -> int | None:
+        """``train_size`` where the config alone gives it; None for a folder of images, counted only on disk."""
+        return None if self.data.name in STREAMABLE else self.train_size
 
     @property
     def world_size(self) -> int:
@@ -433,7 +441,9 @@ def _range(name: str, value: float, lo: float | None = None, hi: float | None = 
 
 
 def validate(cfg: Config) -> Config:
-    """Every check that can fail cheaply, run before any data is read or process started."""
+    """Every check of the config alone: a function of its fields that reads no file and no environment, so it
+    answers the same wherever it runs. What needs the disk (the data is there, and a folder holds enough
+    images) is ``data_root.check_data``, which every command runs where it uses the data, before any work."""
     d, a, mo, mc, q, o, e, r = cfg.data, cfg.augment, cfg.model, cfg.moco, cfg.queue, cfg.optim, cfg.eval, cfg.run
     flat = cfg.flatten()
     for key, allowed in CHOICES.items():
@@ -494,9 +504,10 @@ def validate(cfg: Config) -> Config:
     _range("data.stream_tasks", d.stream_tasks, 1, 64)
     _range("data.max_bad_fraction", d.max_bad_fraction, 0.0, 1.0)
     _range("data.val_size", d.val_size, 0, 10_000_000)
-    if d.val_size and cfg.train_size == 0:
-        raise ValueError(f"data.val_size: {d.val_size} holds out every training image; allowed: fewer than the "
-                         f"training set")
+    if d.name == "imagefolder" and not d.root:
+        raise ValueError("data.root: imagefolder needs a folder path (root/train/<class>/*.jpg)")
+    if d.name == "parquet" and not d.root:
+        raise ValueError("data.root: parquet needs a folder path (root/train/*.parquet, root/val/*.parquet)")
     if d.loader == "stream" and d.name not in STREAMABLE:
         raise ValueError(f"data.loader: 'stream' reads {' or '.join(STREAMABLE)} sets, not {d.name!r} "
                          f"(which is decoded into memory): use data.loader=memory or auto")
@@ -530,26 +541,34 @@ def validate(cfg: Config) -> Config:
                          "in one process use 'split' or 'plain'")
 
     _check_negatives(cfg)
-    if not cfg.uses_queue:  # v3, memory bank, in-batch: queue.size is not read
-        _check_data_path(d)
-        n = cfg.train_size
-        if n is not None and o.batch_size > n:
-            raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
-        return cfg
-    if q.size <= 0:
-        raise ValueError(f"queue.size: {q.size} must be > 0")
-    if q.size % o.batch_size:
-        raise ValueError(f"queue.size: {q.size} must be a multiple of the global batch "
-                         f"optim.batch_size={o.batch_size} (so the FIFO ring wraps on a batch boundary)")
-    _check_data_path(d)
-    n = cfg.train_size
-    if n is not None:
-        if q.size >= n:
-            raise ValueError(f"queue.size: {q.size} must be below the training-set size {n} "
-                             f"(else an image's own older key is one of its negatives)")
-        if o.batch_size > n:
-            raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
+    if cfg.uses_queue:  # the queue's own bounds (v3, a memory bank and in-batch read no queue.size)
+        if q.size <= 0:
+            raise ValueError(f"queue.size: {q.size} must be > 0")
+        if q.size % o.batch_size:
+            raise ValueError(f"queue.size: {q.size} must be a multiple of the global batch "
+                             f"optim.batch_size={o.batch_size} (so the FIFO ring wraps on a batch boundary)")
+    check_train_size(cfg, cfg.known_train_size)
     return cfg
+
+
+def check_train_size(cfg: Config, n: int | None) -> None:
+    """The fields bounded by the training set's size ``n`` (images a run trains on; None: unknown, nothing
+    checked): ``validate`` checks them where the config gives n, ``data_root.check_data`` where the disk does."""
+    if n is None:
+        return
+    d, q, o = cfg.data, cfg.queue, cfg.optim
+    if d.val_size and n == 0:
+        raise ValueError(f"data.val_size: {d.val_size} holds out every training image; allowed: fewer than the "
+                         f"training set")
+    if cfg.moco.negatives == "memory_bank" and cfg.bank_negatives >= n:
+        raise ValueError(f"bank.negatives: {cfg.bank_negatives} negatives per step must be below the "
+                         f"training-set size {n}" + (" (bank.negatives=0 takes queue.size)" if not cfg.bank.negatives
+                                                     else ""))
+    if cfg.uses_queue and q.size >= n:
+        raise ValueError(f"queue.size: {q.size} must be below the training-set size {n} "
+                         f"(else an image's own older key is one of its negatives)")
+    if o.batch_size > n:
+        raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
 
 
 def _check_negatives(cfg: Config) -> None:
@@ -575,11 +594,6 @@ def _check_negatives(cfg: Config) -> None:
         return
     _range("bank.momentum", b.momentum, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
     _range("bank.negatives", b.negatives, 0, allowed="0 (queue.size) or an integer >= 1")
-    n = cfg.train_size
-    if n is not None and cfg.bank_negatives >= n:
-        raise ValueError(f"bank.negatives: {cfg.bank_negatives} negatives per step must be below the "
-                         f"training-set size {n}" + (" (bank.negatives=0 takes queue.size)" if not b.negatives
-                                                     else ""))
 
 
 def _check_vit(cfg: Config) -> None:
@@ -689,29 +703,3 @@ def with_absolute_paths(cfg: Config, cwd: str | os.PathLike[str] | None = None) 
     """The config with ``data.root`` and ``run.output_dir`` absolute: Ray's workers and trials run elsewhere."""
     flat = cfg.flatten()
     return apply_overrides(cfg, absolute_paths({k: flat[k] for k in PATH_FIELDS}, cwd))
-
-
-def _check_data_path(d: DataConfig) -> None:
-    if d.name == "imagefolder" and not d.root:
-        raise ValueError("data.root: imagefolder needs a folder path (root/train/<class>/*.jpg)")
-    if d.name == "parquet" and not d.root:
-        raise ValueError("data.root: parquet needs a folder path (root/train/*.parquet, root/val/*.parquet)")
-    root = d.root
-    if root is None:
-        env = os.environ.get("MOCOLAB_DATA")
-        if env and Path(env).exists() and not (Path(env).is_dir() and os.access(env, os.R_OK | os.X_OK)):
-            raise ValueError(f"data.root: $MOCOLAB_DATA={env!r} is not a readable folder")
-        return
-    p = Path(root).expanduser()
-    if d.name in STREAMABLE and not p.exists():
-        raise ValueError(f"data.root: {root!r} does not exist")
-    if p.exists() and not (p.is_dir() and os.access(p, os.R_OK | os.X_OK)):
-        raise ValueError(f"data.root: {root!r} is not a readable folder")
-    if d.name in STREAMABLE:
-        missing = [name for name, options in (("train/", ("train",)), ("test/ or val/", ("test", "val")))
-                   if not any((p / o).is_dir() for o in options)]
-        if missing:
-            layout = ("root/train/<class>/*.jpg and root/val/<class>/*.jpg" if d.name == "imagefolder"
-                      else "root/train/*.parquet and root/val/*.parquet")
-            raise ValueError(f"data.root: {d.name} {root!r} has no {' and no '.join(missing)} folder "
-                             f"(expected {layout})")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .image_files import IMAGE_EXTENSIONS, class_dirs, image_files
+from .image_files import IMAGE_EXTENSIONS
 from .image_index import build_index, decode
 from .pixels import resize_uint8
 
@@ -35,7 +35,6 @@ __all__ = [
     "ImageDataset",
     "batches_per_epoch",
     "check_readable",
-    "count_images",
     "default_data_root",
     "fashion_mnist_dir",
     "fill_unreadable",
@@ -389,27 +388,6 @@ def _require_dir(path: Path, what: str) -> None:
         raise ValueError(f"data.root: {what} {str(path)!r} is not a directory")
     if not os.access(path, os.R_OK | os.X_OK):
         raise ValueError(f"data.root: {what} {str(path)!r} is not readable")
-
-
-def count_images(root: str | os.PathLike[str] | None, split: str = "train", name: str = "imagefolder") -> int | None:
-    """Images under root/<split>/<class>/ by a directory walk, or the rows of root/<split>/*.parquet from
-    their footers (no decoding); None where there is no such folder."""
-    if not root:
-        return None
-    folder = Path(root).expanduser() / split
-    if not folder.is_dir():
-        return None
-    if name == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(folder.glob("*.parquet")))
-        except (OSError, ValueError):
-            return None
-    try:
-        return sum(len(image_files(folder / cls)) for cls in class_dirs(folder))
-    except (OSError, ValueError):
-        return None
 
 
 @functools.lru_cache(maxsize=8)

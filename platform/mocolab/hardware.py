@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
+import sys
+
 import torch
 
 from .choices import DEVICES, PRECISIONS  # noqa: F401  (run.device, run.precision: choices.py)
@@ -59,8 +64,6 @@ def keep_freed_memory() -> bool:
     if _ALLOCATOR_TUNED is not None:
         return _ALLOCATOR_TUNED
     _ALLOCATOR_TUNED = False
-    import ctypes
-    import sys
 
     if not sys.platform.startswith("linux"):
         return False
@@ -77,9 +80,6 @@ def keep_freed_memory() -> bool:
 def cpu_description() -> str:
     """The CPU as a time or accuracy figure must name it: model, cores this process may use, and the vector
     extensions torch's kernels pick from (AVX-512 BF16 machines train about 3x faster than AVX2-only ones)."""
-    import os
-    import platform
-
     model, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:

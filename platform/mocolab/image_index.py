@@ -21,11 +21,13 @@ Python and torch: no Ray here.
 from __future__ import annotations
 
 import functools
+import io
 import itertools
 import json
 import os
 import warnings
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -162,8 +164,6 @@ def dct_scale(w: int, h: int, size: int) -> int:
 def _decode_jpeg(data: bytes, size: int) -> torch.Tensor:
     """A JPEG at the smallest DCT scale that still covers ``size``; at full size through torchvision's
     decoder (the faster of the two there) when no reduction fits."""
-    import io
-
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:  # reads the header only
@@ -269,7 +269,6 @@ def decode(refs: Sequence[str], size: int, decoder: Decoder = decode_bytes,
         for item in items:
             one(item)
         return out, bad
-    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(threads) as pool:
         while chunk := list(itertools.islice(items, 64 * threads)):  # a few encoded files in memory at a time
@@ -283,8 +282,6 @@ def write_parquet(images: torch.Tensor, labels: torch.Tensor | np.ndarray, out_f
 
     Small row groups keep a shuffled read cheap: each image read costs at most one group's bytes.
     """
-    import io
-
     import pyarrow as pa
     import pyarrow.parquet as pq
     from PIL import Image

@@ -8,6 +8,8 @@ predictor on the query branch only (``Encoder.predictor``).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -130,8 +132,6 @@ class Encoder(nn.Module):
 
     def without_predictor(self) -> "Encoder":
         """A copy of backbone and head only: MoCo v3's momentum encoder."""
-        import copy
-
         return Encoder(copy.deepcopy(self.backbone), copy.deepcopy(self.head))
 
 

@@ -13,6 +13,7 @@ group's statistics again, which is what the shuffle exists to prevent.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -193,8 +194,6 @@ class _GlobalBatchNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float, group):
-        import torch.distributed as dist
-
         c = x.shape[1]
         dims = [0, *range(2, x.dim())]
         count = torch.tensor([x.numel() // c], dtype=torch.float64)
@@ -214,8 +213,6 @@ class _GlobalBatchNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_mean, _grad_var):
-        import torch.distributed as dist
-
         xhat, invstd, weight = ctx.saved_tensors
         c = xhat.shape[1]
         dims = [0, *range(2, xhat.dim())]
@@ -249,8 +246,6 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError(f"GlobalBatchNorm: expected 2-D to 4-D input, got {x.dim()}-D")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
         self._check_input_dim(x)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(self.group) > 1
         if not (self.training and distributed):

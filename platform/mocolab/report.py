@@ -29,10 +29,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .analysis import (PAPER_MOMENTUM, bar_plot, line_plot, momentum_plot, negatives_plot,  # noqa: E402
-                       negatives_setting, negatives_table, patch_momentum_table, summarise, vit_plot)
-
-GRAD_FIRST = "grad_norm_first_layer"  # the per-step metric of the first layer's gradient (loop.py)
+from .analysis import bar_plot, line_plot, summarise  # noqa: E402
+from .studies.momentum_plots import PAPER_MOMENTUM, momentum_plot  # noqa: E402
+from .studies.negatives_plots import negatives_drift, negatives_plot  # noqa: E402
+from .studies.vit_plots import GRAD_FIRST, patch_momentum_table, vit_plot  # noqa: E402
 from .tracking import Store, redact_uri, run_link, trials_frame  # noqa: E402
 
 CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
@@ -251,35 +251,6 @@ def mixed_provenance(df: pd.DataFrame) -> list[str]:
         if len(values) > 1:
             out.append(f"the trials come from {len(values)} different {what} ({'; '.join(values)}): {advice}")
     return out
-
-
-def negatives_drift(store: Store, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[list, list]], str]:
-    """The negatives ablation's table, and per setting the drift probes (ages, cosines) of its trials' middle
-    epoch (the run artifacts ``negatives/epoch_NNNN.json``; seeds pool their probes), and which epoch that is.
-
-    The middle epoch, not the last: under a cosine schedule the learning rate is near 0 in the last epoch, so
-    every encoder has all but stopped moving and any m looks consistent; halfway it is half its peak.
-    ``drift_cos`` in the table is that epoch's mean over the probes (the last epoch's is in MLflow).
-    """
-    table = negatives_table(df)
-    col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
-    drift: dict[str, tuple[list, list]] = {}
-    epochs = set()
-    for run_id, n, p, m in zip(df["run_id"], col("moco.negatives"), col("queue.policy"), df["params.moco.m"]):
-        names = store.json_artifacts(run_id, "negatives")
-        if not names:
-            continue
-        name = names[(len(names) - 1) // 2]  # epochs 1..E logged: the middle one (E = 3: epoch 2)
-        epochs.add(int(name.rsplit("_", 1)[-1].split(".")[0]))
-        probes = store.read_json(run_id, name).get("probes")
-        if probes:
-            ages, cos = drift.setdefault(negatives_setting(n, p, m), ([], []))
-            ages.extend(probes["age"])
-            cos.extend(probes["drift_cos"])
-    table["drift_cos"] = [sum(drift[s][1]) / len(drift[s][1]) if drift.get(s, ([], []))[1] else
-                          (1.0 if s == "in batch" else math.nan) for s in table["setting"]]
-    which = ", ".join(str(e) for e in sorted(epochs)) or "-"
-    return table, drift, which
 
 
 def _write(page: Path, text: str) -> None:

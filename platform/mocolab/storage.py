@@ -16,6 +16,9 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from .addresses import check_url
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -37,10 +40,6 @@ def shown(location: str) -> str:
 def _check_endpoints(location: str) -> None:
     """The endpoint a URI's query or the environment names, port included: pyarrow takes port 99999 as
     34463 (modulo 65536) and connects there, and a port that is not a number fails at the first request."""
-    from urllib.parse import parse_qs, urlsplit
-
-    from .addresses import check_url
-
     for endpoint in parse_qs(urlsplit(location).query).get("endpoint_override", []):
         check_url(endpoint if "://" in endpoint else f"http://{endpoint}", "run.output_dir",
                   f"{shown(location)}?endpoint_override={endpoint}")

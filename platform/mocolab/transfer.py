@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .choices import DATASETS, native_image_size
 from .config import Config, apply_overrides, check_name, to_yaml, validate
+from .data_root import check_data
 
 if TYPE_CHECKING:  # torch loads when an encoder is scored, not when a request is checked
     import torch
@@ -68,7 +69,7 @@ def check_request(data: str, overrides: Mapping[str, Any]) -> None:
 
 def transfer_config(trained: Config, data: str, overrides: Mapping[str, Any] | None = None) -> Config:
     """The evaluation's config: ``trained`` with the data set ``data`` at the encoder's image size, then
-    ``overrides`` (data.*, eval.* and run.seed/device/precision/threads only), validated."""
+    ``overrides`` (data.*, eval.* and run.seed/device/precision/threads only), validated and its data checked."""
     overrides = dict(overrides or {})
     check_request(data, overrides)
     fresh = Config().data  # no subset, root or size of the data the encoder trained on
@@ -76,7 +77,7 @@ def transfer_config(trained: Config, data: str, overrides: Mapping[str, Any] | N
     if native_image_size(data) != trained.image_size:  # the encoder's input size, unless overridden
         base["data.image_size"] = trained.image_size
     cfg = apply_overrides(trained, {**base, **overrides})
-    validate(apply_overrides(cfg, _TRAINS_NOTHING))
+    check_data(validate(apply_overrides(cfg, _TRAINS_NOTHING)))
     return cfg
 
 

@@ -1,4 +1,6 @@
-"""The pictures the studies and reports draw from a summary table (matplotlib, Agg: no screen needed)."""
+"""The pictures any study or report draws from a summary table, and their parts (matplotlib, Agg: no screen
+needed). A study's own picture (momentum against the paper's curve, the ViT's gradients, the sources of
+negatives) lives beside the study, in ``studies/<study>_plots.py``, drawn with these parts."""
 
 from __future__ import annotations
 
@@ -12,55 +14,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """The figure laid out, written to ``path`` and closed (pyplot keeps every open figure otherwise)."""
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
-def _acc(ax, x, table: pd.DataFrame, key: str, label: str, marker: str) -> None:
+def accuracy_errorbar(ax, x, table: pd.DataFrame, key: str, label: str, marker: str) -> None:
+    """One accuracy of a summary table (``<key>_mean`` ± ``<key>_std``, as ``summarise`` gives them) against x."""
     ax.errorbar(x, table[f"{key}_mean"], yerr=table[f"{key}_std"].fillna(0), marker=marker, capsize=3,
                 label=label)
-
-
-def momentum_plot(table: pd.DataFrame, paper: dict[float, float | None], path: Path) -> Path:
-    """Accuracy against 1 − m on a log axis (m = 0 sits at 1 − m = 1); the paper's ImageNet curve on a
-    second axis, since its numbers are on another dataset and scale."""
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    x = 1.0 - table["moco.m"].astype(float)
-    _acc(ax, x, table, "linear_top1", "linear probe (ours)", "o")
-    _acc(ax, x, table, "knn_top1", "kNN (ours)", "s")
-    bad = table[~table["status"].eq("finished")]
-    for _, row in bad.iterrows():
-        ax.axvline(1.0 - float(row["moco.m"]), color="red", alpha=0.3, linestyle=":")
-        ax.annotate(row["status"], (1.0 - float(row["moco.m"]), ax.get_ylim()[0]), color="red",
-                    rotation=90, va="bottom", ha="right", fontsize=8)
-    ax.set_xscale("log")
-    ax.invert_xaxis()
-    ax.set_xlabel("1 − m (log scale; right = higher momentum)")
-    ax.set_ylabel("top-1 accuracy on our data (%)")
-    pts = [(1.0 - m, v) for m, v in sorted(paper.items()) if v is not None]
-    if pts:
-        ax2 = ax.twinx()
-        ax2.plot([p[0] for p in pts], [p[1] for p in pts], "k--", marker="^", alpha=0.6,
-                 label="MoCo paper, ImageNet (right axis)")
-        ax2.set_ylabel("paper: ImageNet linear top-1 (%)")
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = ax2.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, loc="best", fontsize=8)
-    else:
-        ax.legend(loc="lower left", fontsize=8)
-    ax.set_title("Momentum ablation")
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
 
 
 def line_plot(table: pd.DataFrame, key: str, xlabel: str, title: str, path: Path, logx: bool = True) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     x = table[key].astype(float)
-    _acc(ax, x, table, "linear_top1", "linear probe", "o")
-    _acc(ax, x, table, "knn_top1", "kNN", "s")
+    accuracy_errorbar(ax, x, table, "linear_top1", "linear probe", "o")
+    accuracy_errorbar(ax, x, table, "knn_top1", "kNN", "s")
     if logx:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)
@@ -68,10 +40,10 @@ def line_plot(table: pd.DataFrame, key: str, xlabel: str, title: str, path: Path
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _accuracy_bars(ax, table: pd.DataFrame, key: str, title: str, rotate: bool = False) -> None:
+def accuracy_bars(ax, table: pd.DataFrame, key: str, title: str, rotate: bool = False) -> None:
     """Grouped bars, linear probe and kNN (mean ± std over seeds), one group per row of ``table[key]``."""
     names = [str(v) for v in table[key]]
     idx = range(len(names))
@@ -94,39 +66,8 @@ def _accuracy_bars(ax, table: pd.DataFrame, key: str, title: str, rotate: bool =
 
 def bar_plot(table: pd.DataFrame, key: str, title: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    _accuracy_bars(ax, table, key, title)
-    return _save(fig, path)
-
-
-def vit_plot(table: pd.DataFrame, curves: dict[str, list[tuple[float, float]]], path: Path) -> Path:
-    """MoCo v3 ViT ablation: accuracy against base momentum per patch-projection setting (left), and the
-    first layer's gradient norm per step of every trial (right, log scale): where a trained patch
-    projection's gradient spikes, the frozen one's shows what MoCo v3's fix removes."""
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
-    for (patch, g), marker in zip(table.groupby("patch", sort=True), "os^v"):
-        g = g.sort_values("moco.m")
-        x = 1.0 - g["moco.m"].astype(float)
-        ax.errorbar(x, g["linear_top1_mean"], yerr=g["linear_top1_std"].fillna(0), marker=marker, capsize=3,
-                    label=f"linear, patch {patch}")
-        ax.errorbar(x, g["knn_top1_mean"], yerr=g["knn_top1_std"].fillna(0), marker=marker, capsize=3,
-                    linestyle="--", label=f"kNN, patch {patch}")
-    ax.set_xscale("log")
-    ax.invert_xaxis()
-    ax.set_xlabel("1 − base m (log scale; right = higher momentum)")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_title("MoCo v3, ViT: accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    for label, pts in sorted(curves.items()):
-        if pts:
-            ax2.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=0.9, label=label)
-    ax2.set_yscale("log")
-    ax2.set_xlabel("training step")
-    ax2.set_ylabel("‖∂loss/∂W‖ of the patch projection")
-    ax2.set_title("first-layer gradient norm per step")
-    ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=7)
-    return _save(fig, path)
+    accuracy_bars(ax, table, key, title)
+    return save_figure(fig, path)
 
 
 def binned_mean(ages: list[float], cos: list[float], bins: int = 8) -> tuple[list[float], list[float]]:
@@ -176,23 +117,4 @@ def dictionary_plot(diagnostics: dict, drift: dict[int, tuple[list[float], list[
     ax2.grid(alpha=0.3)
     if epochs:
         ax2.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def negatives_plot(table: pd.DataFrame, drift: dict[str, tuple[list[float], list[float]]], path: Path,
-                   epoch: str = "") -> Path:
-    """The negatives ablation: accuracy per source (left) and key drift against age per source and m (right,
-    the mean cosine of the writing and the current encoder's embedding per age bin, at one epoch's end)."""
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.6), dpi=110)
-    _accuracy_bars(ax, table, "setting", "accuracy per source of negatives", rotate=True)
-    for label, (ages, cos) in sorted(drift.items()):
-        bx, by = binned_mean(ages, cos)
-        if bx:
-            ax2.plot(bx, by, marker="o", label=label)
-    ax2.set_xscale("symlog", linthresh=10)
-    ax2.set_xlabel("age of the stored negative (steps, log scale above 10)")
-    ax2.set_ylabel("cosine: writing vs current encoder")
-    ax2.set_title(f"key drift against age (probes at the end of epoch {epoch})" if epoch else "key drift against age")
-    ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -9,8 +9,10 @@ error without assuming independence).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
+
+from scipy import stats
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,6 @@ class Interval:
 
 def interval(values: Sequence[float], level: float = 0.95) -> Interval:
     """The t-interval of the mean (std and bounds are NaN with fewer than two values)."""
-    from scipy import stats
-
     xs = [float(v) for v in values if not math.isnan(float(v))]
     n = len(xs)
     if n == 0:
@@ -63,8 +63,6 @@ class Comparison:
 
 def paired(a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str]) -> Comparison:
     """Paired t-test of two arms given as {seed: value}; seeds missing from either arm are left out."""
-    from scipy import stats
-
     seeds = sorted(s for s in a if s in b and not math.isnan(a[s]) and not math.isnan(b[s]))
     diffs = [a[s] - b[s] for s in seeds]
     d = interval(diffs)
@@ -79,8 +77,6 @@ def paired(a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str
 def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
     """The same comparisons with ``p_holm`` set: Holm's step-down adjustment over the family (NaN p-values,
     from too few seeds, stay NaN and do not count toward the family's size)."""
-    from dataclasses import replace
-
     tested = sorted((c.p, i) for i, c in enumerate(comparisons) if not math.isnan(c.p))
     m, running, adjusted = len(tested), 0.0, {}
     for rank, (p, i) in enumerate(tested):

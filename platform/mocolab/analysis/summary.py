@@ -9,12 +9,9 @@ the same thing the MLflow UI shows.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import pandas as pd
-
-# MoCo paper (He et al. 2020), momentum ablation: ImageNet linear top-1 against the key-encoder momentum m.
-PAPER_MOMENTUM: dict[float, float] = {0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999: 58.9}
 
 
 def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -67,46 +64,3 @@ def welch_t(a: Iterable[float], b: Iterable[float]) -> tuple[float, float] | Non
 
     res = stats.ttest_ind(a, b, equal_var=False)
     return float(res.statistic), float(res.pvalue)
-
-
-def patch_momentum_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The ViT ablation's summary: per (patch projection trained|frozen, base m), as ``summarise`` gives it,
-    with ``patch`` and ``moco.m`` columns; runs from before ``vit.freeze_patch_embed`` existed count as trained."""
-    frozen = df.get("params.vit.freeze_patch_embed", pd.Series(False, index=df.index))
-    df = df.assign(**{"params.patch": ["frozen" if str(v).lower() in ("true", "1", "1.0") else "trained"
-                                       for v in frozen]})
-    df["params.setting"] = [f"patch={p} m={float(m):g}" for p, m in zip(df["params.patch"], df["params.moco.m"])]
-    table = summarise(df, "setting")
-    first = df.drop_duplicates("params.setting").set_index("params.setting")
-    table["patch"] = [first.loc[s, "params.patch"] for s in table["setting"]]
-    table["moco.m"] = [float(first.loc[s, "params.moco.m"]) for s in table["setting"]]
-    return table.sort_values(["patch", "moco.m"]).reset_index(drop=True)
-
-
-def negatives_setting(negatives: Any, policy: Any, m: Any) -> str:
-    """A negatives-ablation trial's setting: its source, and for a queue the policy and m."""
-    source = str(negatives) if isinstance(negatives, str) and negatives else "queue"  # runs from before: a queue
-    if source != "queue":
-        return source.replace("_", " ")
-    return f"queue {policy if isinstance(policy, str) and policy else 'fifo'} m={float(m):g}"
-
-
-def negatives_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The negatives ablation's summary: per setting (``negatives_setting``) as ``summarise`` gives it, with the
-    dictionary's age (mean, max) and key drift at the end, in the order in-batch, bank, queue by policy and m."""
-    col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
-    df = df.assign(**{"params.setting": [negatives_setting(n, p, m) for n, p, m in
-                                         zip(col("moco.negatives"), col("queue.policy"), df["params.moco.m"])]})
-    table = summarise(df, "setting")
-    for key in ("staleness_mean", "staleness_max", "drift_cos", "stored_cos"):
-        means = df.groupby("params.setting")[key].mean() if key in df else {}
-        table[key] = [means.get(s, math.nan) for s in table["setting"]]
-
-    def order(setting: str) -> tuple[int, float]:
-        fixed = {"in batch": 0, "memory bank": 1}
-        if setting in fixed:
-            return fixed[setting], 0.0
-        return (2 if "fifo" in setting else 3), float(setting.rsplit("=", 1)[-1])
-
-    table["_order"] = [order(s) for s in table["setting"]]
-    return table.sort_values("_order").drop(columns="_order").reset_index(drop=True)

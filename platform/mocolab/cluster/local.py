@@ -13,6 +13,7 @@ this machine's disk, which stands in for the shared storage (NFS, S3) a real clu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -42,8 +43,6 @@ DEFAULT_DIR = Path("~/.mocolab/cluster")
 
 def has_postgres_driver() -> bool:
     """psycopg2 comes with the cluster extra (``pip install 'mocolab[cluster]'``), not with every install."""
-    import importlib.util
-
     return importlib.util.find_spec("psycopg2") is not None
 
 

@@ -10,7 +10,8 @@ from typing import Callable, Sequence
 
 from ..baselines import Baseline, measure
 from ..config import Config, build_config, check_name, check_same_config
-from ..hardware import provenance
+from ..data_root import check_data
+from ..hardware import provenance, resolve_device, resolve_precision
 from ..tracking import STATUS_TAG, Store, source_tags
 
 EXPERIMENT = "baselines"
@@ -26,7 +27,7 @@ def log_baselines(name: str, preset: str, overrides: Sequence[str], seeds: Seque
                   tracking_uri: str | None = None, say: Callable[[str], None] = print) -> list[Baseline]:
     """Measure and log what is missing; return every baseline of the set (logged before or now)."""
     check_name("--name", name)
-    configs = {s: build_config(preset, [*overrides, f"run.seed={s}"]) for s in seeds}
+    configs = {s: check_data(build_config(preset, [*overrides, f"run.seed={s}"])) for s in seeds}
     store = Store(tracking_uri)
     exp_id = store.experiment_id(EXPERIMENT, create=True)
     assert exp_id is not None
@@ -75,8 +76,6 @@ def _find(store: Store, exp_id: str, name: str, kind: str, seed: int | None):
 
 
 def _log(store: Store, exp_id: str, name: str, cfg: Config, b: Baseline) -> None:
-    from ..hardware import resolve_device, resolve_precision
-
     device = resolve_device(cfg.run.device)
     tags = {SET_TAG: name, KIND_TAG: b.kind, STATUS_TAG: "finished", **source_tags(),
             **provenance(device, resolve_precision(cfg.run.precision, device))}

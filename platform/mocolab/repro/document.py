@@ -11,11 +11,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
+import matplotlib
 
-from ..analysis.stats import Comparison, fmt_p, holm, interval, paired
-from ..analysis.summary import PAPER_MOMENTUM
-from .plan import LABEL, STUDIES, Study
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ..analysis.stats import Comparison, fmt_p, holm, interval, paired  # noqa: E402
+from ..studies.momentum_plots import PAPER_MOMENTUM  # noqa: E402
+from .plan import LABEL, STUDIES, Study  # noqa: E402
 
 ALPHA = 0.05
 # "m = 0 fails", fixed before the runs: every seed of m = 0 meets all three.
@@ -230,11 +234,6 @@ def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[i
 
 
 def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     x = [1.0 - float(a) for a in arms]
     for metric, label, marker, color in (("linear_top1", "linear probe", "o", "C0"), ("knn_top1", "kNN", "s", "C1")):
@@ -426,11 +425,6 @@ def _claims(study: Study, family: list[tuple[str, Comparison]], claims) -> list[
 
 
 def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     pretext = study.by in PRETEXT_NOTE
     fig, axes = plt.subplots(1, 2 if pretext else 1, figsize=(11 if pretext else 7, 4.2), dpi=110, squeeze=False)
     ax = axes[0][0]

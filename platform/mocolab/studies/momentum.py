@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                        f"preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
-        from ..analysis import PAPER_MOMENTUM, fmt_mean_std, momentum_plot, summarise, welch_t
+        from ..analysis import fmt_mean_std, summarise, welch_t
+        from .momentum_plots import PAPER_MOMENTUM, momentum_plot
 
         table = summarise(trials_df, "moco.m")
         table["paper"] = [PAPER_TEXT.get(m, PAPER_MOMENTUM.get(m)) for m in table["moco.m"]]

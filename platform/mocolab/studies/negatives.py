@@ -26,7 +26,7 @@ RANDOM_M = 0.999  # random replacement: at the paper's momentum, where FIFO's ke
 
 
 def settings(momenta: list[float]) -> dict[str, dict]:
-    """The trials' overrides by setting (what ``analysis.negatives_setting`` names them)."""
+    """The trials' overrides by setting (what ``negatives_plots.negatives_setting`` names them)."""
     out: dict[str, dict] = {"in batch": {"moco.negatives": "in_batch"},
                             "memory bank": {"moco.negatives": "memory_bank"}}
     for m in momenta:
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                        f"(m in {momenta}) and random (m={RANDOM_M}), seeds {seeds}, preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
-        from ..analysis import fmt_mean_std, negatives_plot
-        from ..report import negatives_drift
+        from ..analysis import fmt_mean_std
         from ..tracking import Store, resolve_tracking_uri
+        from .negatives_plots import negatives_drift, negatives_plot
 
         table, drift, epoch = negatives_drift(Store(resolve_tracking_uri(sweep.tracking_uri)), trials_df)
         lines = [f"{'setting':>22} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'age mean':>8} {'age max':>8} "

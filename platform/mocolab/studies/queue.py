@@ -8,6 +8,7 @@
 import sys
 
 from ..config import build_config
+from ..data_root import check_data
 from ..tune import Trial
 from ..tune.spec import with_validation_split
 from ..tune.study import make_sweep, overrides_of, run_study, seeds_of, study_parser
@@ -15,7 +16,7 @@ from ..tune.study import make_sweep, overrides_of, run_study, seeds_of, study_pa
 
 def queue_sizes(preset: str, overrides: dict) -> list[int]:
     """Powers of two times the global batch, below half the training set (K well below N)."""
-    cfg = build_config(preset, overrides)
+    cfg = check_data(build_config(preset, overrides))  # n: a folder of images is counted on disk
     b, n = cfg.optim.batch_size, cfg.train_size or 0
     return [b * 2 ** i for i in range(0, 20) if b * 2 ** i <= n // 2]
 

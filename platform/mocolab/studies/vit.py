@@ -17,8 +17,6 @@ import sys
 from ..tune import Trial
 from ..tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
 
-GRAD = "grad_norm_first_layer"
-
 # --compare-versions: each version's recipe over the preset (vit-quick: its data, batch, epochs, evaluation).
 _CONVNET = {"model.backbone": "convnet", "model.width": 32, "vit.patch_size": 0, "vit.depth": 0}
 _QUEUE = {"moco.m": 0.999, "moco.m_schedule": "constant", "moco.bn": "split",
@@ -63,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                        f"seeds {seeds}, preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
-        from ..analysis import fmt_mean_std, patch_momentum_table, vit_plot
+        from ..analysis import fmt_mean_std
         from ..tracking import Store, resolve_tracking_uri
+        from .vit_plots import GRAD_FIRST, patch_momentum_table, vit_plot
 
         uri = resolve_tracking_uri(sweep.tracking_uri)  # the store the sweep wrote (cwd and env are unchanged)
         table = patch_momentum_table(trials_df)
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             for f, m in zip(trials_df["params.vit.freeze_patch_embed"], trials_df["params.moco.m"])]})
         store, curves, peaks = Store(uri), {}, {}
         for run_id, label, setting in zip(df["run_id"], df["label"], df["params.setting"]):
-            pts = store.metric_history(run_id, GRAD)
+            pts = store.metric_history(run_id, GRAD_FIRST)
             curves[str(label)] = pts
             vals = sorted(v for _, v in pts[len(pts) // 2:])  # the second half: past the large gradients at init
             if vals:  # the largest step's gradient against the typical one: how spiky training was

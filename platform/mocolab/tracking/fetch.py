@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlflow.artifacts
+
 from .models import ENCODER, _tracking_uri, model_uri
 from .store import RUN_NAME_TAG, Store
 from .uri import redact_uri
@@ -79,8 +81,6 @@ def _model_id(store: Store, source: str) -> str:
 
 def fetch_encoder(found: LoggedEncoder, folder: str | Path, tracking_uri: str | None = None) -> tuple[Path, Path]:
     """(the encoder's ``.pt2`` program, the run's ``config.yaml``), downloaded into ``folder``."""
-    import mlflow.artifacts
-
     store = Store(tracking_uri)
     folder = Path(folder)
     with _tracking_uri(store.uri):

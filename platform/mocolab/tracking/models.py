@@ -23,9 +23,13 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import mlflow.artifacts
 import torch
 import yaml
+from mlflow.models import infer_signature
+from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
+from ..export import backbone_state
 from .source import DIRTY_TAG
 from .store import Store
 
@@ -38,8 +42,6 @@ CLASSIFIER = "classifier"
 def _tracking_uri(uri: str):
     """MLflow's model logging and loading speak the fluent API's global URI: set it for the call only
     (MLflow's own context manager for this; it restores whatever was set before)."""
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
-
     return _use_tracking_uri(uri)
 
 
@@ -51,7 +53,6 @@ def log_models(uri: str, run_id: str, modules: dict[str, torch.nn.Module], examp
     says so.
     """
     import mlflow.pytorch
-    from mlflow.models import infer_signature
 
     store = Store(uri)
     out: dict[str, str] = {}
@@ -117,10 +118,6 @@ def load_encoder(run_id: str, tracking_uri: str | None = None, name: str = ENCOD
 
 def export_run(run_id: str, out: str | Path, tracking_uri: str | None = None) -> Path:
     """``mocolab export``: the run's backbone weights, its pt2 programs, config, metrics and a README in ``out``."""
-    import mlflow.artifacts
-
-    from ..export import backbone_state
-
     store = Store(tracking_uri)
     enc_uri = model_uri(store.uri, run_id, ENCODER)
     run = store.client.get_run(run_id)

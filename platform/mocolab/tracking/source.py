@@ -10,6 +10,7 @@ are made with ``MlflowClient`` (and children in Tune's trial processes, whose
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import subprocess
 import sys
@@ -82,8 +83,6 @@ def _user() -> str:
 def submission_id() -> str | None:
     """The id ``ray job submit`` gave this job: its supervisor passes it to the entrypoint in the job config
     (the environment variable RAY_JOB_CONFIG_JSON_ENV_VAR, metadata ``job_submission_id``)."""
-    import json
-
     raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
     if raw:
         try:

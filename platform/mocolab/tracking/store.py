@@ -9,7 +9,9 @@ artifact temp files) live here and nowhere else.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -148,9 +150,6 @@ class Store:
             return []
 
     def read_json(self, run_id: str, path: str) -> dict:
-        import json
-        import os
-
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per small file is noise
         with tempfile.TemporaryDirectory() as tmp:
             return json.loads(Path(self.client.download_artifacts(run_id, path, tmp)).read_text())

@@ -9,11 +9,13 @@ caller's folder, wherever the writer later runs.  Credentials in a URI
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote, urlencode, urlsplit
 
 from ..addresses import check_tracking_url
 
@@ -109,9 +111,6 @@ def ui_links(experiment_id: str, run_ids: list[str] | None = None, base: str = U
     defaults to GenAI, and no experiment tag changes that); ``?workflowType=machine_learning`` opens the
     runs list. The compare page takes the run and experiment ids as JSON lists.
     """
-    import json
-    from urllib.parse import quote, urlencode
-
     base = base.rstrip("/")
     links = {"runs": f"{base}/#/experiments/{experiment_id}?workflowType=machine_learning"}
     if run_ids:
@@ -126,7 +125,6 @@ def ui_server(uri: str) -> str | None:
     credentials; None for a local store, which ``mlflow ui --backend-store-uri`` opens."""
     if not uri.startswith(("http://", "https://")):
         return None
-    from urllib.parse import urlsplit
 
     u = urlsplit(uri)
     netloc = u.netloc.rpartition("@")[2]

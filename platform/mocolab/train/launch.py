@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 from dataclasses import dataclass
 from typing import Callable
 
 from ..addresses import check_ray_address
 from ..interrupts import reassert
 from ..config import Config, check_same_config, fingerprint, validate, with_absolute_paths
+from ..data_root import check_data
 from ..lock import NameLock
 from ..tracking import RunTracker, TrackingUnreachable, check_tracking_uri, local_store_path, redact_text, redact_uri, resolve_tracking_uri
 from .checkpoint import LOCAL_CHECKPOINT
@@ -53,7 +55,6 @@ def check_cluster() -> None:
     parsed = check_ray_address(address)
     if parsed is None:
         return
-    import socket
 
     host, port = parsed
     try:
@@ -104,7 +105,7 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     ``tune_trial``: called in a Tune trial, whose W = 0 loop reports to Tune itself (train/session.py);
     ``tune_metric`` is the search's metric (reports without it are not sent), None for a grid.
     """
-    cfg = with_absolute_paths(validate(cfg))  # workers run in other folders
+    cfg = with_absolute_paths(check_data(validate(cfg)))  # workers run in other folders
     # Ray Train's print patch sends each print of a worker both to stdout and to its logger, which
     # Ray then forwards too: every line twice. Plain prints reach the worker's log file and the driver once.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")

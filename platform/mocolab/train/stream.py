@@ -33,13 +33,16 @@ count is checked on every rank together.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 
 from ..config import Config
-from ..data import fill_unreadable, rank_positions
+from ..data import DEFAULT_IMAGEFOLDER_SIZE, fill_unreadable, rank_positions
+from ..dist import rank_and_world
 from ..image_index import Decoder, ImageIndex, build_index, decode, decode_bytes
 from ..sources import (DEFAULT_MAX_BAD_FRACTION, EVAL_CHUNK, DatasetRecord, UnreadableFiles, eval_order,
                        file_list_digest, subset_positions)
@@ -59,15 +62,11 @@ def _decode_block(batch: dict[str, np.ndarray], size: int, decoder: Decoder) -> 
 
 def _union_over_ranks(names: set[str]) -> set[str]:
     """Every rank's names, on every rank (a collective when there are several: all ranks call it together)."""
-    import torch.distributed as dist
-
-    from ..dist import rank_and_world
-
     _, world = rank_and_world()
     if world == 1:
         return names
     gathered: list[list[str] | None] = [None] * world
-    dist.all_gather_object(gathered, sorted(names))
+    tdist.all_gather_object(gathered, sorted(names))
     return set().union(*(g or [] for g in gathered))
 
 
@@ -91,8 +90,6 @@ class StreamSource:
 
     @classmethod
     def from_config(cls, cfg: Config) -> "StreamSource":
-        from ..data import DEFAULT_IMAGEFOLDER_SIZE
-
         d = cfg.data
         size = d.image_size or DEFAULT_IMAGEFOLDER_SIZE
         train = build_index(d.name, d.root, "train", size)
@@ -110,8 +107,6 @@ class StreamSource:
 
     def _stream(self, blocks: list[list[str]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(images, unreadable mask) per block, in the order of ``blocks``."""
-        import logging
-
         import ray.data
 
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # not one line per epoch's dataset

@@ -15,19 +15,23 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as tdist
 
 from .. import dist as mdist
 from ..config import Config, check_same_config, from_dict
 from ..data import DEFAULT_IMAGEFOLDER_SIZE
+from ..export import FeatureExtractor, ProbeClassifier
 from ..hardware import provenance
 from ..sources import TrainSource, choose_loader
 from ..loop import EpochRecord, Trainer, run_training
 from ..tracking import MetricsLogger
+from ..tracking.models import CLASSIFIER, ENCODER, log_models
 from ..tracking.system import node_labels, start_monitor, stop_monitor
 from ..storage import Location
 from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
 from .resources import PG_KEY, current_placement_group, threads_for, usable_cores
 from .session import Session, session_for
+from .stream import StreamSource
 
 
 def _report(session: Session, trainer: Trainer, config: dict, metrics: dict, keep: Location | None = None) -> None:
@@ -90,7 +94,6 @@ class MemoryWatch:
 def worker_nodes() -> list[str]:
     """Every rank's Ray node id (first 12 hex digits), in rank order: what SPREAD placement did."""
     import ray
-    import torch.distributed as tdist
 
     if not ray.is_initialized():  # Ray Train's local mode (W = 0) may run without Ray
         return ["this process"]
@@ -104,8 +107,6 @@ def worker_nodes() -> list[str]:
 
 def log_trained_models(trainer: Trainer, result, loop_config: dict) -> None:
     """The encoder (images -> features) and the probe (images -> logits) as pt2 MLflow models of the run."""
-    from ..export import FeatureExtractor, ProbeClassifier
-    from ..tracking.models import CLASSIFIER, ENCODER, log_models
 
     images, _ = next(iter(trainer.data.eval_split("test", 4)))
     example = images[:4].float().div(255.0)
@@ -141,8 +142,6 @@ def open_source(cfg: Config, say=None) -> TrainSource | None:
     if say is not None:
         say(choice.reason)
     if choice.loader == "stream":
-        from .stream import StreamSource
-
         return StreamSource.from_config(cfg)
     return None
 

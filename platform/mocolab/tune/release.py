@@ -16,16 +16,15 @@ group its workers reported if Ray still holds it.
 
 from __future__ import annotations
 
+import ray
 from ray.tune import Callback
+from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
 from ..train.resources import PG_KEY
 
 
 def release(pg_hex: str) -> bool:
     """Remove the placement group ``pg_hex`` if Ray still holds it; whether it did."""
-    import ray
-    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
-
     pg = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_hex)))
     if placement_group_table(pg).get("state", "REMOVED") == "REMOVED":
         return False

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..addresses import check_addresses
-from ..config import build_config, check_name
+from ..config import Config, build_config, check_name
+from ..data_root import check_data
 from ..storage import Location
 from .search import check_search
 
@@ -112,8 +113,8 @@ def _slug(label: str) -> str:
 
 
 def check_sweep(sweep: Sweep) -> None:
-    """Every flag in range and every trial's config built and validated: all a sweep can be refused for
-    without asking a server, so a study refuses it before Ray, MLflow or torch is loaded."""
+    """Every flag in range, every trial's config built and validated and its data checked: all a sweep can be
+    refused for without asking a server, so a study refuses it before Ray, MLflow or torch is loaded."""
     check_name("--name", sweep.name)
     check_addresses(sweep.tracking_uri)
     if sweep.cpus_per_worker is not None and not sweep.cpus_per_worker > 0:
@@ -127,7 +128,7 @@ def check_sweep(sweep: Sweep) -> None:
                              f"choose from, got {sweep.search_space!r}")
         for key, values in sweep.search_space.items():
             for value in values:
-                build_config(sweep.preset, {**sweep.base_overrides, key: value})
+                _trial_config(sweep, {**sweep.base_overrides, key: value})
     if sweep.workers_per_trial < 0:
         raise ValueError(f"--workers-per-trial: {sweep.workers_per_trial} must be >= 0")
     if sweep.max_concurrent is not None and sweep.max_concurrent < 1:
@@ -143,9 +144,9 @@ def check_sweep(sweep: Sweep) -> None:
         raise ValueError(f"trial labels must be unique: {labels}")
     for t in sweep.trials:
         _, over = trial_overrides(sweep, {"trial": {"label": t.label, "overrides": t.overrides}}, 1.0)
-        build_config(sweep.preset, over)
+        _trial_config(sweep, over)
     if sweep.search != "grid":
-        build_config(sweep.preset, {**sweep.base_overrides})
+        _trial_config(sweep, {**sweep.base_overrides})
     check_selection(sweep)
     if sweep.watch_s is not None and sweep.watch_s < 1:
         raise ValueError(f"--watch: {sweep.watch_s} must be >= 1 (seconds between rewrites)")
@@ -155,6 +156,11 @@ def check_sweep(sweep: Sweep) -> None:
             raise ValueError(f"--register-metric: {sweep.register_metric!r} is not one of {list(REGISTER_METRICS)}")
         if not build_config(sweep.preset, {**sweep.base_overrides}).run.log_models:
             raise ValueError("--register: run.log_models=false leaves no trial a model to register; drop one")
+
+
+def _trial_config(sweep: Sweep, overrides: dict[str, Any]) -> Config:
+    """A config the sweep's trials build, refused here if it or its data is bad."""
+    return check_data(build_config(sweep.preset, overrides))
 
 
 REGISTER_METRICS = {"linear_top1": "max", "knn_top1": "max", "val_linear_top1": "max", "val_knn_top1": "max",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..config import list_presets, parse_overrides
+from ..config import config_file_overrides, list_presets, parse_overrides
 from ..interrupts import closing_on_signals, exit_code
 from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep  # noqa: F401  (Trial: what studies build)
 
@@ -86,8 +86,6 @@ def momenta_of(args: argparse.Namespace) -> list[float]:
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     """--config's fields, then --set's: applied to every trial over the preset (and recorded as the
     sweep's settings, so a resume with another file is refused by name)."""
-    from ..config import config_file_overrides
-
     return {**(config_file_overrides(args.config) if args.config else {}), **parse_overrides(args.set)}
 
 

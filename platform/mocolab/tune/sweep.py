@@ -12,19 +12,27 @@ name instead of created twice.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+import ray
+from ray import tune
 from ray.tune import Stopper
+from ray.tune.integration.ray_train import TuneReportCallback
 
 from ..config import absolute_paths, build_config
 from ..lock import NameLock
 from ..storage import Location, is_uri
 from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
                         resolve_tracking_uri, source_tags)
-from ..train.resources import TRIAL_DRIVER_CPUS, threads_for
+from ..train import fit
+from ..train.launch import ensure_ray
+from ..train.resources import TRIAL_DRIVER_CPUS, check_device, check_placement, node_capacities, threads_for
+from ..train.shipping import check_job_paths
 from .progress import SweepProgress
 from .release import ReleaseEndedTrials
 from .search import build_scheduler, build_searcher, tune_space
@@ -88,8 +96,6 @@ def open_parent(sweep: Sweep) -> SweepRun:
 def _report_callback(metric: str | None):
     """Tune's TuneReportCallback; for a search, only reports that carry the searched metric get through
     (Optuna reads it from every result; the last epoch's kNN arrives with the final report)."""
-    from ray.tune.integration.ray_train import TuneReportCallback
-
     class _Callback(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
             if metric is not None and metric not in metrics[0]:
@@ -100,10 +106,6 @@ def _report_callback(metric: str | None):
 
 
 def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker: float) -> None:
-    from ray import tune
-
-    from ..train import fit
-
     label, over = trial_overrides(sweep, config, cpus_per_worker, tune.get_context().get_trial_id())
     cfg = build_config(sweep.preset, over)
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
@@ -161,13 +163,10 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
     """
     sweep = resolve_sweep(sweep)
     validate_sweep(sweep)
-    from ..train.launch import ensure_ray
-    from ..train.shipping import check_job_paths
 
     check_job_paths({"--storage": None if is_uri(sweep.storage) else sweep.storage,
                      "--tracking-uri": local_store_path(sweep.tracking_uri)})
     Location(sweep.storage).check("--storage")
-    from ..train.resources import check_device, check_placement, node_capacities
 
     ensure_ray(log_to_driver=sweep.verbose)
     # MLflow's source tags, once, in this driver (a trial's argv and folder are Ray's), Ray's job id included
@@ -230,8 +229,6 @@ _LEFTOVER_REASON = {
 def quiet_tune() -> None:
     """Tune's console output off in this driver: its new output engine prints the experiment box and paths
     even at verbose=0, the old one prints nothing at 0; its INFO lines (state written, ...) go too."""
-    import logging
-
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
 
@@ -239,8 +236,6 @@ def quiet_tune() -> None:
 def ray_logs_dir() -> str:
     """The log folder of this driver's Ray session (on a cluster: the head's; each node keeps its own)."""
     try:
-        import ray
-
         return ray._private.worker._global_node.get_logs_dir_path()  # no public API names it
     except Exception:  # noqa: BLE001
         return "/tmp/ray/session_latest/logs"
@@ -254,8 +249,6 @@ def ending(err: BaseException) -> tuple[str, str]:
 def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
     """Stop the trials (a Ray this driver started ends with it), then close every open run: interrupted
     (KILLED) after Ctrl-C/SIGTERM, failed (FAILED) after an error."""
-    import ray
-
     reason = f"{type(err).__name__}: {err}".rstrip(": ")
     try:
         ray.shutdown()  # the trials' actors end with this driver: nothing writes after we close
@@ -269,10 +262,6 @@ def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
 def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None, lines: SweepProgress,
            progress: Callable[[str], None]):
     """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials); None if all done."""
-    from functools import partial
-
-    from ray import tune
-
     callbacks = [lines, ReleaseEndedTrials(progress)]
     verbose = 1 if sweep.verbose else 0
     resources = {"CPU": TRIAL_DRIVER_CPUS}
