@@ -3,6 +3,7 @@ headline table regenerated from the CSV files alone, and the committed ones chec
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from pathlib import Path
 
@@ -139,13 +140,26 @@ def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_
     assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=1, say=lines.append) == 0
     assert any(line.startswith("$ python experiments/momentum_ablation.py --preset smoke --momenta 0,0.99")
                and "--set run.precision=fp32" in line and "--set run.threads=1" in line for line in lines)
-    assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=None, say=lines.append) == 0  # the rest
+    # the rest, on "another machine": the sweep's own folder (Tune's state, checkpoints) is gone and only the
+    # MLflow store, which the repository commits, is carried over
+    shutil.rmtree(tmp_path / "sweeps")
+    assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=None, say=lines.append) == 0
     assert (tmp_path / "sweeps" / "repro-test").is_dir()
     csv = export(small, Store(uri), tmp_path / "results")
     frame = pd.read_csv(csv, dtype={"arm": str})
     assert sorted(frame["arm"]) == ["0", "0.99", "random-init", "raw-pixels"]
     assert set(frame["status"]) == {"finished"} and set(frame["precision"]) == {"fp32"}
     assert (frame.loc[frame["arm"] == "0", "linear_top1"] > 0.1).all()
+
+
+def test_the_reproduction_keeps_its_runs_in_the_committed_store_unless_told_otherwise(tmp_path, monkeypatch):
+    from mocolab.repro.run import repro_store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert repro_store(None, tmp_path) == f"sqlite:///{tmp_path / 'runs.db'}"
+    assert repro_store("http://mlflow:5000", tmp_path) == "http://mlflow:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    assert repro_store(None, tmp_path) == "sqlite:///elsewhere.db"
 
 
 CHILD = """

@@ -18,7 +18,7 @@ from .config import (CHOICES, build_config, check_name, config_file_overrides, l
 from .data_root import check_data
 from .exiting import exit_now
 from .interrupts import closing_on_signals, exit_code
-from .repro.run import main as repro_main
+from .repro.run import main as repro_main, repro_store
 from .studies import STUDIES
 
 
@@ -294,6 +294,7 @@ def _baselines_parser(sub) -> None:
 def _repro(args: argparse.Namespace) -> int:
     if not args.document_only:
         check_addresses(args.tracking_uri)
+        args.tracking_uri = repro_store(args.tracking_uri, args.results)
     return repro_main(args)
 
 
@@ -310,7 +311,8 @@ def _repro_parser(sub) -> None:
     rp.add_argument("--doc", default="docs/REPRODUCTION.md", help="the document (default docs/REPRODUCTION.md)")
     rp.add_argument("--readme", default="README.md", help="README whose headline table is regenerated")
     rp.add_argument("--tracking-uri", default=None,
-                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else the committed store "
+                         "RESULTS/runs.db, so that a clone on another machine resumes the same runs)")
     rp.set_defaults(func=_repro)
 
 

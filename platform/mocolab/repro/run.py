@@ -8,6 +8,7 @@ instead of mixing precisions.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,20 @@ from typing import Callable
 from .plan import STUDIES, Study
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+STORE = "runs.db"
+
+
+def repro_store(tracking_uri: str | None, results: str | Path) -> str:
+    """The reproduction's MLflow store: ``--tracking-uri``, else $MLFLOW_TRACKING_URI, else ``RESULTS/runs.db``.
+
+    A machine's own files do not outlive its session, and a study at the cpu-full budget takes longer than
+    one; the store is committed beside the CSV files it exports, so that ``mocolab repro`` on a fresh clone
+    finds the trials that finished elsewhere (a grid resumes from MLflow) and runs only the rest.
+    """
+    explicit = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    return explicit or f"sqlite:///{(Path(results) / STORE).resolve()}"
 
 
 def resolve_precision(name: str) -> str:
