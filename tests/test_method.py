@@ -15,7 +15,8 @@ import torch
 from mocolab.choices import NEGATIVE_SOURCES, VERSIONS
 from mocolab.config import build_config
 from mocolab.build import encoder_factory
-from mocolab.method import METHODS, MethodParts, build_method, method_name
+from mocolab.method import MethodParts
+from mocolab.methods import METHODS, build_method, method_name
 
 B, SIZE, CHANNELS = 8, 16, 1
 TINY = {"data.name": "synthetic", "data.synthetic_size": 64, "data.image_size": SIZE, "model.width": 4,

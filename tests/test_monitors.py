@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from mocolab.config import build_config
-from mocolab.loop import EpochRecord, Trainer
+from mocolab.loop import ConsoleProgress, EpochRecord, Trainer, fmt_time
+from mocolab.method import MethodOutput
 from mocolab.models import build_encoder
-from mocolab.moco import MethodOutput
-from mocolab.monitors import (GRAD_NORM_FIRST, ConsoleProgress, FirstLayerGradNorm, Monitor, fmt_time,
-                              mean_cosines)
+from mocolab.monitors import GRAD_NORM_FIRST, FirstLayerGradNorm, Monitor, mean_cosines
 
 SYN = {"data.name": "synthetic", "data.synthetic_size": 128, "data.subset": None, "optim.batch_size": 32,
        "queue.size": 64, "model.width": 8, "run.precision": "fp32", "run.device": "cpu", "optim.epochs": 1,

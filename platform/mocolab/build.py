@@ -20,7 +20,8 @@ from . import rng
 from .augment import build_augmentation
 from .config import Config
 from .hardware import resolve_precision
-from .method import Method, MethodParts, build_method
+from .method import Method, MethodParts
+from .methods import build_method
 from .models import build_encoder
 from .norm import convert_global_bn
 from .optimizers import build_optimizer
@@ -161,7 +162,7 @@ def build_run(cfg: Config, source: TrainSource, device: torch.device, world_size
     precision = resolve_precision(cfg.run.precision, device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(rng.stream_seed("init", cfg.run.seed))  # the same initial weights on every rank
-        # moco.version / moco.negatives -> MoCo v1/v2, v3, memory bank or in-batch (method.py)
+        # moco.version / moco.negatives -> MoCo v1/v2, v3, memory bank or in-batch (methods.py)
         parts = MethodParts(encoder_factory(cfg, source.channels, source.image_size, device), source.size, batch,
                             precision)
         model = build_method(cfg, parts).to(device)

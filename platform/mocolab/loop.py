@@ -21,9 +21,9 @@ from . import dist as mdist
 from . import rng
 from .build import build_run, training_source
 from .config import Config
-from .evaluation import Evaluation, ProbeResult
+from .evaluation import Evaluation, FinalScores, ProbeResult
 from .hardware import keep_freed_memory, resolve_device
-from .monitors import ConsoleProgress, DriftMonitor, FirstLayerGradNorm, Monitor
+from .monitors import DriftMonitor, FirstLayerGradNorm, Monitor
 from .sources import TrainSource
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
@@ -291,6 +291,75 @@ class Trainer:
         for monitor in self.monitors:
             fields.update(monitor.end_epoch(self.step, self.is_main))
         return fields
+
+
+class ConsoleProgress:
+    """The lines a run prints: what it is, a line every quarter epoch, one per epoch with its monitors and an
+    ETA, and its scores at the end.  ``say`` None prints nothing."""
+
+    def __init__(self, say: Callable[[str], None] | None) -> None:
+        self.say = say or (lambda _msg: None)
+        self.t_start = time.perf_counter()
+        self.start_step = 0  # where this process began: the ETA counts only steps it ran
+
+    def start(self, tr: Trainer) -> None:
+        cfg, mc = tr.cfg, tr.cfg.moco
+        m_txt = f"m={mc.m}" + (" rising to 1 (cosine)" if mc.m_schedule == "cosine" else "")
+        dictionary = tr.model.describe(cfg.optim.batch_size)
+        val = getattr(tr.data, "val", None)
+        held = f" / {len(val)} validation (held out)" if val is not None else ""
+        self.say(f"mocolab: {cfg.data.name} ({tr.data.size} train{held} / {tr.data.test_size} test, {tr.data.kind}), "
+                 f"MoCo {mc.version}, {cfg.model.backbone}, {m_txt}, {dictionary}, {cfg.optim.name} "
+                 f"lr {cfg.effective_lr:g}, batch={cfg.optim.batch_size} "
+                 f"on {tr.world_size} rank(s), {tr.schedule.total_steps} steps on {tr.device} "
+                 f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"
+                 + (f", resuming at step {tr.step}" if tr.step else ""))
+        for note in tr.data.notes():
+            self.say(f"  {note}")
+        self.start_step = tr.step
+
+    def initial(self, knn: float, linear: float) -> None:
+        self.say(f"  at initialisation: linear top-1 {100 * linear:.2f}%  kNN top-1 {100 * knn:.2f}%")
+
+    def on_step(self, tr: Trainer) -> None:
+        """Every quarter epoch but at its end: the last loss and the epoch's throughput so far."""
+        per_epoch = tr.schedule.steps_per_epoch
+        done = tr.step - tr.epoch * per_epoch  # steps of the current epoch
+        if done % max(1, per_epoch // 4) == 0 and done < per_epoch:
+            st = tr.epoch_stats
+            self.say(f"  epoch {tr.epoch + 1} step {tr.step}/{tr.schedule.total_steps} "
+                     f"loss {st.recent_loss:.3f} {st.images / max(st.seconds, 1e-9):.0f} img/s")
+
+    def on_epoch(self, tr: Trainer, rec: EpochRecord) -> None:
+        total = tr.schedule.total_steps
+        eta = (time.perf_counter() - self.t_start) / max(1, tr.step - self.start_step) * (total - tr.step)
+        val = tr.evaluation.monitor_split == "val"
+        which, monitor = ("val kNN", rec.val_knn_top1) if val else ("kNN", rec.knn_top1)
+        knn_txt = (f"{which} {100 * monitor:.2f}%" if monitor is not None
+                   else (f"{which} at the end" if rec.step >= total else f"{which} -"))
+        stored = tr.model.dictionary is not None  # fresh negatives (v3, in-batch) have no age to show
+        drift_txt = (f"  key drift cos {rec.drift_cos:.3f} (age ≤ {rec.staleness_max:.0f})"
+                     if rec.drift_cos is not None and stored else "")
+        self.say(f"epoch {rec.epoch:3d}  step {rec.step:6d}/{total}  loss {rec.loss:.4f}  "
+                 f"pretext {100 * rec.pretext_acc:.1f}%  {knn_txt}  {rec.images_per_s:.0f} img/s{drift_txt}  "
+                 f"ETA {fmt_time(eta)}")
+
+    def diverged(self, step: int, loss: float) -> None:
+        self.say(f"  diverged at step {step}: loss {loss}")
+
+    def evaluating(self) -> None:
+        self.say("final kNN and linear probe on frozen features ...")
+
+    def done(self, scores: FinalScores) -> None:
+        val_txt = (f"  (validation: linear {100 * scores.val_linear:.2f}%, kNN {100 * scores.val_knn:.2f}%)"
+                   if scores.val_linear is not None else "")
+        self.say(f"done in {fmt_time(time.perf_counter() - self.t_start)}: linear top-1 "
+                 f"{100 * scores.probe.test_top1:.2f}%  kNN top-1 {100 * scores.knn:.2f}%{val_txt}")
+
+
+def fmt_time(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None = None,

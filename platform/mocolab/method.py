@@ -1,4 +1,4 @@
-"""What the trainer asks of a method, and the one place that picks a method for a config.
+"""What the trainer asks of a method: the interface every method implements (methods.py picks one).
 
 A ``Method`` is an ``nn.Module`` whose ``forward(x1, x2, index)`` takes two
 augmented views of the batch and returns a ``MethodOutput``; beyond that it
@@ -13,11 +13,8 @@ a checkpoint, and how to describe it in one line.  Four methods implement it:
     memory_bank   negatives.MemoryBankContrast     none          one entry per training image
     in_batch      negatives.InBatchContrast        none          none: the global batch's views
 
-``build_method`` picks by ``moco.version`` where the version names a method of
-its own (v3), else by ``moco.negatives``.  Adding a method (BYOL, say) is one
-file with its module and a ``from_config(cfg, parts)``, one line in
-``METHODS`` and its name in choices.py; tests/test_method.py then checks it
-with the other four.
+This module imports no method, so each method's module imports it and the
+registry (methods.py) imports them: the arrows run one way.
 """
 
 from __future__ import annotations
@@ -28,11 +25,23 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from .config import Config
-from .moco import MethodOutput, MoCo, MoCoV3
-from .negatives import InBatchContrast, MemoryBankContrast
+__all__ = ["Dictionary", "Method", "MethodOutput", "MethodParts"]
 
-__all__ = ["METHODS", "Dictionary", "Method", "MethodOutput", "MethodParts", "build_method", "method_name"]
+
+@dataclass
+class MethodOutput:
+    """What every method's ``forward`` returns : the loss and what the monitors read."""
+    loss: torch.Tensor
+    correct: torch.Tensor  # N bools: the query's own key beat every negative
+    keys: torch.Tensor  # N×C, already enqueued (a bank: the queries written; in-batch, v3: one view's)
+    # the dictionary slots this step wrote, in the order of the gathered global batch (a sharded queue:
+    # this rank's slots for its own batch); None where nothing is stored (v3, in-batch negatives)
+    written: torch.Tensor | None = None
+
+    @property
+    def pretext_accuracy(self) -> float:
+        """Fraction of queries whose own key beats every negative (instance discrimination)."""
+        return float(self.correct.float().mean())
 
 
 class Dictionary(Protocol):
@@ -104,26 +113,3 @@ class MethodParts:
     train_size: int  # images in the training set (a memory bank holds one entry each)
     batch: int  # this rank's batch B (a queue is built for the global batch B·W)
     encoder_dtype: torch.dtype | None = None  # bf16 autocast for the encoders; None: float32
-
-
-# name -> builder; one line a method
-METHODS: dict[str, Callable[[Config, MethodParts], Method]] = {
-    "queue": MoCo.from_config,  # moco.py: v1 and v2
-    "v3": MoCoV3.from_config,  # moco.py
-    "memory_bank": MemoryBankContrast.from_config,  # negatives.py
-    "in_batch": InBatchContrast.from_config,  # negatives.py
-}
-
-
-def method_name(cfg: Config) -> str:
-    """The registry's name for a config: ``moco.version`` where it names a method (v3), else ``moco.negatives``
-    (v1 and v2 differ in their recipe, not their algorithm)."""
-    return cfg.moco.version if cfg.moco.version in METHODS else cfg.moco.negatives
-
-
-def build_method(cfg: Config, parts: MethodParts) -> Method:
-    """The method the config asks for, on the CPU (the trainer moves it)."""
-    name = method_name(cfg)
-    if name not in METHODS:
-        raise ValueError(f"moco.negatives: {name!r} names no method; allowed {', '.join(METHODS)}")
-    return METHODS[name](cfg, parts)

@@ -30,25 +30,10 @@ from .losses import v3_info_nce
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
 
+from .method import MethodOutput, MethodParts
+
 if TYPE_CHECKING:
     from .config import Config
-    from .method import MethodParts
-
-
-@dataclass
-class MethodOutput:
-    """What every method's ``forward`` returns (method.py): the loss and what the monitors read."""
-    loss: torch.Tensor
-    correct: torch.Tensor  # N bools: the query's own key beat every negative
-    keys: torch.Tensor  # N×C, already enqueued (a bank: the queries written; in-batch, v3: one view's)
-    # the dictionary slots this step wrote, in the order of the gathered global batch (a sharded queue:
-    # this rank's slots for its own batch); None where nothing is stored (v3, in-batch negatives)
-    written: torch.Tensor | None = None
-
-    @property
-    def pretext_accuracy(self) -> float:
-        """Fraction of queries whose own key beats every negative (instance discrimination)."""
-        return float(self.correct.float().mean())
 
 
 def _key_shuffler(cfg: Config):

@@ -1,4 +1,4 @@
-"""What a run watches besides its loss, and the lines it prints.
+"""What a run watches besides its loss.
 
 A monitor measures; the trainer records.  ``Trainer.train_step`` calls every monitor's step hooks and
 keeps what ``after_backward`` returns in the epoch's per-step series; at an epoch's end ``run_training``
@@ -11,13 +11,12 @@ step.  The hooks, in the order a step calls them:
     end_epoch(step, main) -> {field: value}     after the epoch's last step and its kNN monitor
 
 Monitors draw from no random stream and leave the encoders' modes as they were, so a run trains the same
-with or without them.  ``ConsoleProgress`` takes no part in a step: ``run_training`` calls it.
+with or without them.  The lines a run prints are not a monitor: ``loop.ConsoleProgress`` reads the
+trainer, which holds the monitors.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,14 +25,10 @@ from torch import nn
 from . import dist as mdist
 from .config import Config
 from .diagnostics import DriftProbes, age_histogram
-from .evaluation import FinalScores, extract_features
-from .method import Method
-from .moco import MethodOutput
+from .evaluation import extract_features
+from .method import Method, MethodOutput
 from .sources import TrainSource
 from .vit import PatchGradNorm
-
-if TYPE_CHECKING:
-    from .loop import EpochRecord, Trainer
 
 GRAD_NORM_FIRST = "grad_norm_first_layer"  # the per-step series of the first layer's gradient norm
 
@@ -168,72 +163,3 @@ class FirstLayerGradNorm(Monitor):
             return None if g is None else float(mdist.mean_over_ranks(g).norm())
         w = getattr(self.layer, "weight", None)
         return float(w.grad.norm()) if w is not None and w.grad is not None else None
-
-
-class ConsoleProgress:
-    """The lines a run prints: what it is, a line every quarter epoch, one per epoch with its monitors and an
-    ETA, and its scores at the end.  ``say`` None prints nothing."""
-
-    def __init__(self, say: Callable[[str], None] | None) -> None:
-        self.say = say or (lambda _msg: None)
-        self.t_start = time.perf_counter()
-        self.start_step = 0  # where this process began: the ETA counts only steps it ran
-
-    def start(self, tr: Trainer) -> None:
-        cfg, mc = tr.cfg, tr.cfg.moco
-        m_txt = f"m={mc.m}" + (" rising to 1 (cosine)" if mc.m_schedule == "cosine" else "")
-        dictionary = tr.model.describe(cfg.optim.batch_size)
-        val = getattr(tr.data, "val", None)
-        held = f" / {len(val)} validation (held out)" if val is not None else ""
-        self.say(f"mocolab: {cfg.data.name} ({tr.data.size} train{held} / {tr.data.test_size} test, {tr.data.kind}), "
-                 f"MoCo {mc.version}, {cfg.model.backbone}, {m_txt}, {dictionary}, {cfg.optim.name} "
-                 f"lr {cfg.effective_lr:g}, batch={cfg.optim.batch_size} "
-                 f"on {tr.world_size} rank(s), {tr.schedule.total_steps} steps on {tr.device} "
-                 f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"
-                 + (f", resuming at step {tr.step}" if tr.step else ""))
-        for note in tr.data.notes():
-            self.say(f"  {note}")
-        self.start_step = tr.step
-
-    def initial(self, knn: float, linear: float) -> None:
-        self.say(f"  at initialisation: linear top-1 {100 * linear:.2f}%  kNN top-1 {100 * knn:.2f}%")
-
-    def on_step(self, tr: Trainer) -> None:
-        """Every quarter epoch but at its end: the last loss and the epoch's throughput so far."""
-        per_epoch = tr.schedule.steps_per_epoch
-        done = tr.step - tr.epoch * per_epoch  # steps of the current epoch
-        if done % max(1, per_epoch // 4) == 0 and done < per_epoch:
-            st = tr.epoch_stats
-            self.say(f"  epoch {tr.epoch + 1} step {tr.step}/{tr.schedule.total_steps} "
-                     f"loss {st.recent_loss:.3f} {st.images / max(st.seconds, 1e-9):.0f} img/s")
-
-    def on_epoch(self, tr: Trainer, rec: EpochRecord) -> None:
-        total = tr.schedule.total_steps
-        eta = (time.perf_counter() - self.t_start) / max(1, tr.step - self.start_step) * (total - tr.step)
-        val = tr.evaluation.monitor_split == "val"
-        which, monitor = ("val kNN", rec.val_knn_top1) if val else ("kNN", rec.knn_top1)
-        knn_txt = (f"{which} {100 * monitor:.2f}%" if monitor is not None
-                   else (f"{which} at the end" if rec.step >= total else f"{which} -"))
-        stored = tr.model.dictionary is not None  # fresh negatives (v3, in-batch) have no age to show
-        drift_txt = (f"  key drift cos {rec.drift_cos:.3f} (age ≤ {rec.staleness_max:.0f})"
-                     if rec.drift_cos is not None and stored else "")
-        self.say(f"epoch {rec.epoch:3d}  step {rec.step:6d}/{total}  loss {rec.loss:.4f}  "
-                 f"pretext {100 * rec.pretext_acc:.1f}%  {knn_txt}  {rec.images_per_s:.0f} img/s{drift_txt}  "
-                 f"ETA {fmt_time(eta)}")
-
-    def diverged(self, step: int, loss: float) -> None:
-        self.say(f"  diverged at step {step}: loss {loss}")
-
-    def evaluating(self) -> None:
-        self.say("final kNN and linear probe on frozen features ...")
-
-    def done(self, scores: FinalScores) -> None:
-        val_txt = (f"  (validation: linear {100 * scores.val_linear:.2f}%, kNN {100 * scores.val_knn:.2f}%)"
-                   if scores.val_linear is not None else "")
-        self.say(f"done in {fmt_time(time.perf_counter() - self.t_start)}: linear top-1 "
-                 f"{100 * scores.probe.test_top1:.2f}%  kNN top-1 {100 * scores.knn:.2f}%{val_txt}")
-
-
-def fmt_time(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

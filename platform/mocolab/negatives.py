@@ -32,12 +32,11 @@ from . import rng
 from .choices import NEGATIVE_SOURCES as SOURCES  # noqa: F401  (moco.negatives: choices.py)
 from .dist import gather_no_grad, gather_with_grad, rank_and_world
 from .losses import info_nce, nt_xent
-from .moco import MethodOutput
+from .method import MethodOutput, MethodParts
 from .queue import WrittenAges
 
 if TYPE_CHECKING:
     from .config import Config
-    from .method import MethodParts
 
 BANK_SEED = 0x8A4C  # the bank's negative draws: one stream, the same on every rank (replicated banks agree)
 
