@@ -233,23 +233,42 @@ def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[i
     return out
 
 
-def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    x = [1.0 - float(a) for a in arms]
-    for metric, label, marker, color in (("linear_top1", "linear probe", "o", "C0"), ("knn_top1", "kNN", "s", "C1")):
-        ivs = [interval(frame[(frame["arm"] == a) & (frame["status"] == "finished")][metric]) for a in arms]
-        means = [100 * iv.mean for iv in ivs]
-        err = [[100 * (iv.mean - iv.low) if iv.n > 1 else 0 for iv in ivs],
-               [100 * (iv.high - iv.mean) if iv.n > 1 else 0 for iv in ivs]]
-        ax.errorbar(x, means, yerr=err, marker=marker, color=color, capsize=3, label=f"{label} (mean, 95 % CI)")
-        base = interval(frame[frame["arm"] == "random-init"][metric])
-        if base.n:
-            lo, hi = (base.low, base.high) if base.n > 1 else (base.mean, base.mean)
-            ax.axhspan(100 * lo, 100 * hi, color=color, alpha=0.15, label=f"{label}, random-init encoder (95 % CI)")
-            ax.axhline(100 * base.mean, color=color, alpha=0.5, linewidth=0.8)
+METRICS = (("linear_top1", "linear probe", "o", "C0"), ("knn_top1", "kNN", "s", "C1"))  # metric, label, marker, colour
+
+
+def _arm_bars(frame: pd.DataFrame, arms: list[str], metric: str) -> tuple[list[float], list[list[float]]]:
+    """Per arm, the finished trials' mean in % (NaN, drawn as nothing, for an arm with no value yet) and its
+    95 % interval as matplotlib's (below, above) error bars; none where one seed gives no interval."""
+    ivs = [interval(frame[(frame["arm"] == a) & (frame["status"] == "finished")][metric]) for a in arms]
+    means = [100 * iv.mean for iv in ivs]
+    err = [[100 * (iv.mean - iv.low) if iv.n > 1 else 0 for iv in ivs],
+           [100 * (iv.high - iv.mean) if iv.n > 1 else 0 for iv in ivs]]
+    return means, err
+
+
+def _random_init_band(ax, frame: pd.DataFrame, metric: str, label: str, color: str) -> None:
+    """The random-init encoder's mean and 95 % interval across seeds, behind the arms it is the baseline of."""
+    base = interval(frame[frame["arm"] == "random-init"][metric])
+    if base.n:
+        lo, hi = (base.low, base.high) if base.n > 1 else (base.mean, base.mean)
+        ax.axhspan(100 * lo, 100 * hi, color=color, alpha=0.15, label=f"{label}, random-init encoder (95 % CI)")
+        ax.axhline(100 * base.mean, color=color, alpha=0.5, linewidth=0.8)
+
+
+def _raw_pixels_line(ax, frame: pd.DataFrame) -> None:
     pix = frame[frame["arm"] == "raw-pixels"]["linear_top1"]
     if len(pix):
         ax.axhline(100 * float(pix.iloc[0]), color="gray", linestyle="--", label="linear probe on raw pixels")
+
+
+def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    x = [1.0 - float(a) for a in arms]
+    for metric, label, marker, color in METRICS:
+        means, err = _arm_bars(frame, arms, metric)
+        ax.errorbar(x, means, yerr=err, marker=marker, color=color, capsize=3, label=f"{label} (mean, 95 % CI)")
+        _random_init_band(ax, frame, metric, label, color)
+    _raw_pixels_line(ax, frame)
     ax.set_xscale("log")
     ax.invert_xaxis()
     ax.set_xlabel("1 − m (log scale; right = higher momentum; m = 0 at 1)")
@@ -431,25 +450,15 @@ def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path
     numeric = study.by == "queue.size"
     x = [float(a) for a in arms] if numeric else list(range(len(arms)))
     width = 0.38
-    for i, (metric, label, marker, color) in enumerate((("linear_top1", "linear probe", "o", "C0"),
-                                                        ("knn_top1", "kNN", "s", "C1"))):
-        ivs = [interval(frame[(frame["arm"] == a) & (frame["status"] == "finished")][metric]) for a in arms]
-        means = [100 * iv.mean for iv in ivs]
-        err = [[100 * (iv.mean - iv.low) if iv.n > 1 else 0 for iv in ivs],
-               [100 * (iv.high - iv.mean) if iv.n > 1 else 0 for iv in ivs]]
+    for i, (metric, label, marker, color) in enumerate(METRICS):
+        means, err = _arm_bars(frame, arms, metric)
         if numeric:
             ax.errorbar(x, means, yerr=err, marker=marker, color=color, capsize=3, label=f"{label} (mean, 95 % CI)")
         else:
             ax.bar([xi + (i - 0.5) * width for xi in x], means, width, yerr=err, color=color, capsize=3,
                    label=f"{label} (mean, 95 % CI)")
-        base = interval(frame[frame["arm"] == "random-init"][metric])
-        if base.n:
-            lo, hi = (base.low, base.high) if base.n > 1 else (base.mean, base.mean)
-            ax.axhspan(100 * lo, 100 * hi, color=color, alpha=0.15, label=f"{label}, random-init encoder (95 % CI)")
-            ax.axhline(100 * base.mean, color=color, alpha=0.5, linewidth=0.8)
-    pix = frame[frame["arm"] == "raw-pixels"]["linear_top1"]
-    if len(pix):
-        ax.axhline(100 * float(pix.iloc[0]), color="gray", linestyle="--", label="linear probe on raw pixels")
+        _random_init_band(ax, frame, metric, label, color)
+    _raw_pixels_line(ax, frame)
     if numeric:
         ax.set_xscale("log", base=2)
         ax.set_xticks(x, arms)
@@ -466,11 +475,8 @@ def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     if pretext:
         bx = axes[0][1]
-        ivs = [interval(frame[(frame["arm"] == a) & (frame["status"] == "finished")]["pretext_acc"].dropna())
-               for a in arms]
-        bx.bar(x, [100 * iv.mean if iv.n else 0 for iv in ivs], 0.6, color="C2", capsize=3,
-               yerr=[[100 * (iv.mean - iv.low) if iv.n > 1 else 0 for iv in ivs],
-                     [100 * (iv.high - iv.mean) if iv.n > 1 else 0 for iv in ivs]])
+        means, err = _arm_bars(frame, arms, "pretext_acc")
+        bx.bar(x, [0.0 if math.isnan(v) else v for v in means], 0.6, color="C2", capsize=3, yerr=err)
         bx.set_xticks(x, arms)
         bx.set_xlabel(study.by)
         bx.set_ylabel("pretext accuracy at the end of training (%)")
