@@ -30,7 +30,7 @@ __all__ = ["Dictionary", "Method", "MethodOutput", "MethodParts"]
 
 @dataclass
 class MethodOutput:
-    """What every method's ``forward`` returns : the loss and what the monitors read."""
+    """What every method's ``forward`` returns: the loss and what the monitors read."""
     loss: torch.Tensor
     correct: torch.Tensor  # N bools: the query's own key beat every negative
     keys: torch.Tensor  # N×C, already enqueued (a bank: the queries written; in-batch, v3: one view's)
