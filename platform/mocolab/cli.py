@@ -18,7 +18,7 @@ from .config import (CHOICES, build_config, check_name, config_file_overrides, l
 from .data_root import check_data
 from .exiting import exit_now
 from .interrupts import closing_on_signals, exit_code
-from .repro.run import main as repro_main, repro_store
+from .repro.run import main as repro_main
 from .studies import STUDIES
 
 
@@ -294,7 +294,6 @@ def _baselines_parser(sub) -> None:
 def _repro(args: argparse.Namespace) -> int:
     if not args.document_only:
         check_addresses(args.tracking_uri)
-        args.tracking_uri = repro_store(args.tracking_uri, args.results)
     return repro_main(args)
 
 

@@ -95,15 +95,16 @@ def main(args) -> int:
     results, doc = Path(args.results), Path(args.doc)
     code = 0
     if not args.document_only:
+        uri = repro_store(args.tracking_uri, results)
         if not args.skip_run:
             precision = resolve_precision(args.precision)
             for study in studies:
-                code = run_study(study, precision, args.threads, tracking_uri=args.tracking_uri,
+                code = run_study(study, precision, args.threads, tracking_uri=uri,
                                  stop_after=args.stop_after) or code
                 if code >= 128:  # stopped by a signal: the same command resumes; nothing more this time
                     print(f"stopped during {study.name}; `mocolab repro` again resumes it", file=sys.stderr)
                     return code
-        store = Store(args.tracking_uri)
+        store = Store(uri)
         for study in studies:
             path = export(study, store, results)
             print(f"exported {study.name}: {path}" if path else f"{study.name}: no runs in {store.uri} yet")
