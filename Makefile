@@ -60,7 +60,7 @@ postgres:
 	  echo "PostgreSQL: not installed (mocolab cluster uses sqlite; its PostgreSQL tests skip)"; \
 	fi
 
-# Chromium for the browser tests (tests/test_mlflow_ui.py drives it headless with Playwright; the report
+# Chromium for the browser tests (tests/tracking/test_mlflow_ui.py drives it headless with Playwright; the report
 # test renders with it): Debian's package where apt-get works and we are root; else those tests skip.
 # `make test` needs it, `make run` does not.
 chromium:
@@ -125,7 +125,7 @@ test-avx2:
 test-durations: setup-test chromium peers
 	$(PY) -m pytest $(XDIST) --write-durations tests/durations.json $(PYTEST_ARGS)
 
-# The container path run for real (tests/deploy_stack.py, docker/README.md): podman, runc and debootstrap
+# The container path run for real (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
 # from Debian where apt-get works and we are root (podman-compose comes with the dev extra); a stand-in for
 # the Ray image built once from Debian's packages (no image registry needed); docker/Dockerfile built on it;
 # docker/compose.yaml up with a study submitted, a worker killed, `down` and `up` again. Half an hour on
@@ -144,7 +144,7 @@ test-deploy: setup-test
 	  echo "podman: not installed (the deploy test fails under CI, skips elsewhere)"; \
 	fi
 	CONTAINERS_CONF=$(CURDIR)/docker/standin/containers.conf $(DEPLOY_NICE) \
-	  $(PY) -m pytest -n 0 -s tests/deploy_stack.py $(PYTEST_ARGS)
+	  $(PY) -m pytest -n 0 -s tests/deploy/deploy_stack.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf runs mlruns mlflow.db .pytest_cache

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 DURATIONS = Path(__file__).with_name("durations.json")
 # A test that took longer than this in tests/durations.json is slow whether or not it says so: `make test-fast`
 # (-m "not slow") is the contributors' inner loop and keeps to tests of seconds; `make test` runs every test.
@@ -267,6 +268,19 @@ def kill_processes_with_env(key: str, value: str, timeout: float = 30.0) -> int:
         while matching() and time.time() < deadline:
             time.sleep(0.5)
     return len(found)
+
+
+def repo_copy(dest: Path) -> Path:
+    """The tracked files of this checkout (what a fresh clone has), with the set-up .venv beside them."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    (dest / ".venv").symlink_to(Path(sys.prefix))
+    return dest
 
 
 def python_without_mocolab(folder: Path) -> Path:

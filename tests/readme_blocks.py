@@ -3,12 +3,12 @@
 A user copies these blocks into a shell, so each is either run by a test or
 says why it is not. The mark is an HTML comment on the line before the fence:
 
-    <!-- NAME: run as written by tests/test_x.py -->
-    <!-- NAME: run by tests/test_x.py with a size override appended -->
+    <!-- NAME: run as written by tests/FOLDER/test_x.py -->
+    <!-- NAME: run by tests/FOLDER/test_x.py with a size override appended -->
     <!-- not run here: WHY -->
 
 Tests read a block by its NAME (``block``/``commands``), so README and the
-test that runs it cannot drift apart; ``tests/test_readme.py`` fails on a
+test that runs it cannot drift apart; ``tests/docs/test_command_blocks.py`` fails on a
 command block with no mark, and on a mark naming a test that never reads it.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND_LANGUAGES = {"bash", "sh", "shell", "python"}
-MARK = re.compile(r"^<!-- (?:(?P<name>[\w-]+): run (?:as written )?by (?P<test>tests/\w+\.py)[^>]*"
+MARK = re.compile(r"^<!-- (?:(?P<name>[\w-]+): run (?:as written )?by (?P<test>tests/(?:\w+/)*\w+\.py)[^>]*"
                   r"|not run here: (?P<why>[^>]+)) -->$")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, once, the local stand-in for the `rayproject/ray` base image and for `postgres:15`, where no
-# image registry is reachable (tests/test_compose_stack.py, `make test-deploy`). Prints the two image names.
+# image registry is reachable (tests/deploy/deploy_stack.py, `make test-deploy`). Prints the two image names.
 #   docker/standin/build-base.sh PYTHON          PYTHON: the interpreter whose Ray/torch the base must hold
 # The base is Debian 12 (debootstrap; Python 3.11 as in the real py311 image), a non-root user `ray`
 # (uid 1000, group users, home /home/ray) who owns the Python environment on PATH, as in the real image,

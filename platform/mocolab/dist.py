@@ -249,7 +249,7 @@ class ShardedKeyQueue(KeyQueue):
     r's queries, so the gradient each rank's query encoder receives equals the
     replicated layout's on that rank; hence also the average over ranks (what
     DDP computes) equals the replicated average, which is the gradient of the
-    global mean loss over the B·W queries.  (tests/test_dist.py checks both.)
+    global mean loss over the B·W queries.  (tests/method/test_dist.py checks both.)
     A state dict holds this rank's shard only: checkpoint every rank's (or
     ``gather_queue_state``), and keep the buffers out of DDP's buffer
     broadcast, which would overwrite every shard with rank 0's.

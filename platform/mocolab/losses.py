@@ -12,7 +12,7 @@ Definitions (plain autograd, what the papers write):
 Variants of ``queue_info_nce``, with its signature (or a superset the
 docstring states): ``fused_queue_info_nce`` (one pass, equal to float
 rounding) and ``sharded_queue_info_nce`` (keys split across ranks).
-tests/test_losses.py compares every variant with its definition, values and
+tests/method/test_losses.py compares every variant with its definition, values and
 gradients.
 
 Every loss but ``info_nce`` (which returns its logits, as Algorithm 1 has them) returns

@@ -3,7 +3,7 @@
 ``build_method`` picks by ``moco.version`` where the version names a method of
 its own (v3), else by ``moco.negatives``.  Adding a method (BYOL, say) is one
 file with its module and a ``from_config(cfg, parts)``, one line in
-``METHODS`` and its name in choices.py; tests/test_method.py then checks it
+``METHODS`` and its name in choices.py; tests/method/test_method_contract.py then checks it
 with the other four.
 """
 

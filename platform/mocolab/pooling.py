@@ -8,7 +8,7 @@ of the input, so the maximum is ``max(max(a, b), max(c, d))`` in vectorised
 element-wise ops.  The result is exact: the same values, and (with gradient)
 the same arg-max as ``max_pool2d`` — the first maximum in the window's
 row-major order — handed to torch's own ``max_pool2d_with_indices_backward``,
-so the input gradient is bit for bit the native one (tests/test_pooling.py).
+so the input gradient is bit for bit the native one (tests/method/test_pooling.py).
 """
 
 from __future__ import annotations

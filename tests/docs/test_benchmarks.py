@@ -1,0 +1,99 @@
+"""The performance page's benchmark blocks, each line run as written with a size override appended (fewer
+steps, rounds or images: the figures are RESULTS.md's, what is checked here is that each line runs and
+prints them).
+
+The lines come from docs/performance.md (the blocks after its speed-benchmarks and time-benchmarks
+marks), so the page and this test cannot drift apart. The peer line needs lightly beside
+the venv (README says how to put it there; that needs PyPI), and is skipped
+where it is not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from readme_blocks import commands
+
+REPO = Path(__file__).resolve().parents[2]
+# what each script must print: its figures, not just a clean exit; and the size override appended
+EXPECTED = {
+    "step_ab.py": ("--rounds 1 --steps 1 --set data.subset=1024 --set queue.size=256",
+                   [r"variant\s+images/s", r"all\s+\d+\s+\d\.\d\d"]),
+    "roofline.py": ("--steps 2 --warmup 1 --preset smoke",
+                    [r"dense matmul peak \(fp32", r"GFLOP per step, [\d.]+ steps/s .* of the fp32 matmul peak"]),
+    "profile_step.py": ("--steps 1 --warmup 1", [r"steps, batch 256", r"Self CPU time total"]),
+    "augment_vs_torchvision.py": ("--batches 2 --batch 64", [r"mocolab TwoViews \(batched\)\s+\d+ images/s",
+                                                  r"per PIL image\s+\d+ images/s"]),
+    "peer_lightly.py": ("--steps 2 --warmup 1", [r"lightly-style pipeline, with mocolab's allocator setting:\s+\d+",
+                                                 r"mocolab step, fp32:\s+\d+"]),
+}
+
+
+def _lines() -> list[str]:
+    return commands("speed-benchmarks")
+
+
+def _run_and_check(script: str, command: str, patterns: list[str]) -> None:
+    """A README benchmark line in bash from the repository root: it exits 0 and prints its figures."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST") and k != "RAY_ADDRESS"}
+    out = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for pattern in patterns:
+        assert re.search(pattern, out.stdout), f"{script}: no {pattern!r} in\n{out.stdout[-3000:]}"
+
+
+def test_readme_block_names_every_benchmark_once():
+    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in _lines()]
+    assert sorted(scripts) == sorted(EXPECTED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_readme_benchmark_line_runs_with_a_size_override(script):
+    line = next(line for line in _lines() if f"benchmarks/{script}" in line)
+    if "lightly-pkgs" in line and not (Path("/tmp/lightly-pkgs") / "lightly").is_dir():
+        pytest.skip("lightly is not installed beside the venv (README: pip install --no-deps --target ...)")
+    extra, patterns = EXPECTED[script]
+    _run_and_check(script, f"{line} {extra}", patterns)
+
+
+# README's time-to-result block, each line with a size override appended (its figures are RESULTS.md's)
+TIME_OVERRIDES = {
+    "trial_overhead.py": ("--steps 2 --warmup 1 --set data.subset=1024 --set queue.size=256 --set eval.knn_bank=512 "
+                          "--set eval.linear_train=512 --set eval.linear_steps=5", [r"not training: [\d.]+%"]),
+    "feature_batch.py": ("--images 512 --repeats 1 --batches 256,64", [r"\n\s+256\s+[\d.]+\s+\d+\s+1.00x"]),
+    "probe_layout.py": ("--seeds 1 --set data.subset=2048 --set queue.size=256 --set eval.linear_steps=5",
+                        [r"init, seed 0\s+float32\s+[\d.]+\s+[\d.]+\s+[\d.]+", r"raw pixels\s+float64(\s+[\d.+-]+x?){7}",
+                         r"speed-up of the probe's fit, median over 4 fits: [\d.]+x"]),
+    "eval_precision.py": ("--seeds 1 --steps 0 --set eval.linear_train=1024 --set eval.linear_steps=5",
+                          [r"over 1 encoders: at most \d+ kNN and \d+ linear-probe test images"]),
+    "sweep_overhead.py": ("--trials 1 --set data.subset=512 --set queue.size=256 --set optim.max_steps=2 "
+                          "--set eval.knn_bank=512 "
+                          "--set eval.knn_test=200 --set eval.linear_train=512 --set eval.linear_steps=5",
+                          [r"loop of mocolab train\s+[\d.]+", r"study, --workers-per-trial 0\s+[\d.]+\s+[\d.]+\s+[\d.]+x"]),
+    "oversubscription.py": ("--steps 4 --repeats 1", [r"2 at once, default threads\s+[\d.]+ s\s+[\d.]+x",
+                                                      r"each pinned to its cores\s+[\d.]+ s"]),
+    "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024 --set queue.size=256",
+                           [r"torchrun \+ DDP\s+checkpoint every 1\s+[\d.]+\s+[\d.]+",
+                            r"Ray Train\s+no checkpoint\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%\s+[\d.]+"]),
+    "stream_decode.py": ("--images 128 --sizes 64 --repeats 1",
+                         [r"stream as it is: reduced-scale, batched\s+\d+\s+\d+\s+[\d.]+x",
+                          r"ImageFolder \+ DataLoader\(\d+ workers\)\s+\d+\s+\d+\s+[\d.]+x"]),
+}
+
+
+def test_readme_time_block_names_each_time_benchmark_once():
+    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in commands("time-benchmarks")]
+    assert sorted(scripts) == sorted(TIME_OVERRIDES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(TIME_OVERRIDES))
+def test_readme_time_benchmark_runs_with_a_size_override(script):
+    line = next(line for line in commands("time-benchmarks") if f"benchmarks/{script}" in line)
+    extra, patterns = TIME_OVERRIDES[script]
+    _run_and_check(script, f"{line} {extra}", patterns)

@@ -1,0 +1,83 @@
+"""The gloo launcher of the distributed tests: a module-level function run on W spawned CPU processes.
+
+``launch(fn, world, tmp_path, *args)`` runs ``fn(rank, world, *args)`` on every rank of a real gloo process
+group (no mocks); each rank writes its result to tmp_path and reports success or its traceback through a
+queue, so a failing rank fails the test. ``fn`` must be a module-level function of a test module (spawned
+processes import it by name).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank: int, world: int, port: int, out_dir: str, args: tuple, reports) -> None:
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        try:
+            result = fn(rank, world, *args)
+            torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        finally:
+            dist.destroy_process_group()
+        reports.put(("ok", rank, ""))
+    except BaseException:  # noqa: BLE001 - everything goes back to the test
+        reports.put(("error", rank, traceback.format_exc()))
+
+
+def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S) -> list:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned gloo processes; return their results by rank.
+
+    Fails the test on the first rank that raises (with its traceback), on a
+    rank that dies without reporting, and on timeout.
+    """
+    ctx = mp.get_context("spawn")
+    reports = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(tmp_path), args, reports), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    done: set[int] = set()
+    try:
+        while len(done) < world:
+            try:
+                status, rank, text = reports.get(timeout=0.5)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in done and p.exitcode not in (None, 0)]
+                if dead:
+                    pytest.fail(f"rank(s) {dead} died without reporting (exit codes "
+                                f"{[procs[r].exitcode for r in dead]})")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"timed out after {timeout:.0f} s; ranks done: {sorted(done)}")
+                continue
+            if status != "ok":
+                pytest.fail(f"rank {rank} of {world} failed:\n{text}")
+            done.add(rank)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]

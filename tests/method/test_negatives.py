@@ -1,0 +1,174 @@
+"""Memory bank and in-batch negatives (negatives.py) on hand-made tensors, and NT-Xent on two gloo ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gloo_launch import launch
+
+from mocolab.dist import gather_with_grad
+from mocolab.losses import nt_xent
+from mocolab.negatives import MemoryBank
+
+TAU = 0.5
+
+
+def _bank(entries: torch.Tensor, k: int = 3, a: float = 0.5) -> MemoryBank:
+    bank = MemoryBank(entries.shape[0], entries.shape[1], k, a)
+    bank.entries.copy_(entries)
+    return bank
+
+
+def test_memory_bank_scores_the_own_entry_as_positive_and_the_drawn_entries_as_negatives():
+    entries = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8], [0.8, -0.6]]), dim=1)
+    bank = _bank(entries)
+    q = F.normalize(torch.tensor([[1.0, 1.0], [1.0, -2.0]]), dim=1)
+    index, neg = torch.tensor([3, 4]), torch.tensor([0, 2, 1])
+    loss, correct = bank.contrast(q, index, TAU, negatives=neg)
+    want = []
+    for i in range(2):
+        pos = float(q[i] @ entries[index[i]]) / TAU
+        negs = [float(q[i] @ entries[j]) / TAU for j in neg.tolist()]
+        want.append(-pos + math.log(math.exp(pos) + sum(math.exp(n) for n in negs)))
+    assert float(loss) == pytest.approx(sum(want) / 2, rel=1e-6)
+    assert correct.tolist() == [True, True]
+
+
+def test_an_image_is_never_its_own_negative():
+    entries = F.normalize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0)), dim=1)
+    bank = _bank(entries)
+    q = F.normalize(torch.randn(2, 4, generator=torch.Generator().manual_seed(1)), dim=1)
+    index = torch.tensor([1, 5])
+    with_own, _ = bank.contrast(q, index, TAU, negatives=torch.tensor([0, 1, 2, 5]))  # 1 and 5 are the queries'
+    # query 0 (image 1) keeps negatives 0, 2, 5; query 1 (image 5) keeps 0, 1, 2
+    per_query = []
+    for i, keep in ((0, [0, 2, 5]), (1, [0, 1, 2])):
+        logits = torch.cat([(q[i] @ entries[index[i]]).view(1), q[i] @ entries[keep].T]) / TAU
+        per_query.append(-torch.log_softmax(logits, 0)[0])
+    assert float(with_own) == pytest.approx(float(sum(per_query) / 2), rel=1e-6)
+
+
+def test_memory_bank_update_moves_the_batch_entries_by_the_proximal_rule_and_no_other():
+    entries = F.normalize(torch.randn(5, 3, generator=torch.Generator().manual_seed(2)), dim=1)
+    bank = _bank(entries.clone(), a=0.25)
+    q = F.normalize(torch.randn(2, 3, generator=torch.Generator().manual_seed(3)), dim=1)
+    bank.update(q, torch.tensor([4, 0]), step=7)
+    assert torch.allclose(bank.entries[4], F.normalize(0.25 * entries[4] + 0.75 * q[0], dim=0))
+    assert torch.allclose(bank.entries[0], F.normalize(0.25 * entries[0] + 0.75 * q[1], dim=0))
+    assert torch.equal(bank.entries[1:4], entries[1:4])
+    assert bank.write_step.tolist() == [7, -1, -1, -1, 7]
+    assert bank.ages(9).tolist() == [2.0, 2.0]  # written entries only: the random init is no negative's age
+
+
+def test_memory_bank_draws_the_same_negatives_on_every_replica_and_after_a_resume():
+    a, b = MemoryBank(100, 4, 8, seed=1), MemoryBank(100, 4, 8, seed=1)
+    assert torch.equal(a.sample(), b.sample())
+    a.sample()
+    c = MemoryBank(100, 4, 8, seed=1)
+    c.load_state_dict(a.state_dict())
+    assert torch.equal(a.sample(), c.sample())
+    assert not torch.equal(MemoryBank(100, 4, 8, seed=2).sample(), MemoryBank(100, 4, 8, seed=1).sample())
+
+
+def _nt_xent_direct(z1: torch.Tensor, z2: torch.Tensor, tau: float) -> torch.Tensor:
+    """NT-Xent written out: every one of the 2N views against the other 2N − 1, the positive its pair."""
+    z = torch.cat([z1, z2])
+    n = z1.shape[0]
+    total = 0.0
+    for i in range(2 * n):
+        pair = (i + n) % (2 * n)
+        others = [j for j in range(2 * n) if j != i]
+        logits = torch.stack([z[i] @ z[j] for j in others]) / tau
+        total = total - torch.log_softmax(logits, 0)[others.index(pair)]
+    return total / (2 * n)
+
+
+def _pairs(n: int, dim: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return F.normalize(torch.randn(n, dim, generator=g), dim=1), F.normalize(torch.randn(n, dim, generator=g), dim=1)
+
+
+def test_nt_xent_equals_the_direct_computation_on_one_process():
+    z1, z2 = _pairs(6)
+    loss, correct = nt_xent(z1, z2, TAU)
+    assert float(loss) == pytest.approx(float(_nt_xent_direct(z1, z2, TAU)), rel=1e-6)
+    assert correct.shape == (12,)
+    # identical views: each view's pair is itself a copy, so every query finds it
+    _, correct = nt_xent(z1, z1.clone(), TAU)
+    assert bool(correct.all())
+
+
+def _nt_xent_rank(rank: int, world: int, n: int) -> dict:
+    z1, z2 = _pairs(n * world)
+    mine = slice(rank * n, (rank + 1) * n)
+    a, b = z1[mine].clone().requires_grad_(), z2[mine].clone().requires_grad_()
+    loss, correct = nt_xent(a, b, TAU, rank=rank, gather=gather_with_grad)
+    loss.backward()
+    return {"loss": loss.detach(), "grad1": a.grad, "grad2": b.grad, "correct": correct}
+
+
+def test_nt_xent_on_two_gloo_ranks_equals_one_process_over_the_global_batch(tmp_path):
+    """Each rank's loss is the mean over its 2B queries against all 2·B·W views; the mean over ranks is the
+    global loss, and each rank's gradient (back through the gather) is W × the global loss's gradient for its
+    views, which DDP's average over ranks turns into the global gradient."""
+    n, world = 3, 2
+    ranks = launch(_nt_xent_rank, world, tmp_path, n)
+    z1, z2 = _pairs(n * world)
+    z1, z2 = z1.clone().requires_grad_(), z2.clone().requires_grad_()
+    full = _nt_xent_direct(z1, z2, TAU)
+    full.backward()
+    assert sum(float(r["loss"]) for r in ranks) / world == pytest.approx(float(full.detach()), rel=1e-5)
+    for rank, r in enumerate(ranks):
+        mine = slice(rank * n, (rank + 1) * n)
+        assert torch.allclose(r["grad1"] / world, z1.grad[mine], atol=1e-6)
+        assert torch.allclose(r["grad2"] / world, z2.grad[mine], atol=1e-6)
+
+
+def _trainer_rank(rank: int, world: int, over: dict) -> dict:
+    """Three steps of the real Trainer under DDP on gloo with a source of negatives other than the FIFO queue."""
+    from mocolab.config import build_config
+    from mocolab.loop import Trainer
+
+    cfg = build_config("smoke", {"run.num_workers": world, "data.subset": 512, "queue.size": 256,
+                                 "optim.batch_size": 64, "model.width": 8, "eval.drift_probes": 64, **over})
+    tr = Trainer(cfg, device=torch.device("cpu"))
+    batches = tr.data.epoch_indexed(tr.epoch_order(0), tr.batch, rank, world, start_step=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(tr.rng_state)
+        losses = [tr.train_step(*next(batches), tr.schedule.momentum(tr.step)).loss for _ in range(3)]
+    store = tr.model.dictionary.keys if tr.model.dictionary is not None else None  # the bank's or queue's
+    out = {"losses": torch.tensor(losses),
+           "weights": torch.cat([p.detach().flatten() for p in tr.encoder.parameters()])}
+    if store is not None:
+        probes = tr.drift.probes
+        out.update(store=store.clone(), probe_ref=probes.ref, probe_image=probes.image, probe_step=probes.write_step)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("mocolab.data", fromlist=["x"]).fashion_mnist_dir() is None,
+                    reason="Fashion-MNIST not installed (make data)")
+@pytest.mark.parametrize("over", [{"moco.negatives": "memory_bank", "moco.bn": "split"},
+                                  {"queue.policy": "random"}, {"moco.negatives": "in_batch", "moco.bn": "sync"},
+                                  {"queue.layout": "sharded"}],
+                         ids=["memory_bank", "random_queue", "in_batch_sync_bn", "sharded_queue"])
+def test_two_ranks_keep_one_dictionary_and_one_set_of_probes(tmp_path, over):
+    """On two gloo ranks every rank ends with the same weights, the same bank or random queue (every rank
+    writes the global batch, at the same drawn slots) and the same probes, whose images came from both ranks.
+    A sharded queue's ranks each follow probes in their own shard, written from their own images."""
+    res = launch(_trainer_rank, 2, tmp_path, over)
+    assert all(bool(torch.isfinite(r["losses"]).all()) for r in res)
+    assert torch.equal(res[0]["weights"], res[1]["weights"])
+    if over.get("queue.layout") == "sharded":
+        assert not torch.equal(res[0]["store"], res[1]["store"])  # K/W keys each, their own
+        for r in res:
+            written = r["probe_step"] >= 0
+            assert bool(written.any()) and bool((r["probe_ref"][written].norm(dim=1) > 0.99).all())
+    elif "store" in res[0]:
+        for key in ("store", "probe_ref", "probe_image", "probe_step"):
+            assert torch.equal(res[0][key], res[1][key]), key
+        written = res[0]["probe_step"] >= 0
+        assert bool(written.any()) and bool((res[0]["probe_ref"][written].norm(dim=1) > 0.99).all())

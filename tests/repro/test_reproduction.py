@@ -1,0 +1,210 @@
+"""The reproduction's pipeline: baselines logged per seed, a sweep exported to CSV, the document and README's
+headline table regenerated from the CSV files alone, and the committed ones checked against their CSVs."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mocolab.baselines import Baseline
+from mocolab.config import ConfigMismatchError, build_config
+from mocolab.data import fashion_mnist_dir
+from mocolab.repro.baselines import EXPERIMENT, _log, log_baselines
+from mocolab.repro.document import HEADLINE_BEGIN, HEADLINE_END, replace_headline, write
+from mocolab.repro.export import export
+from mocolab.repro.plan import STUDIES, study
+from mocolab.tracking import MetricsLogger, RunTracker, Store
+
+REPO = Path(__file__).resolve().parents[2]
+needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
+SMALL = ["data.subset=512", "queue.size=256", "eval.knn_bank=512", "eval.linear_train=512", "eval.knn_test=300", "eval.linear_steps=10",
+         "run.log_models=false"]
+
+
+@needs_fmnist
+def test_baselines_are_the_trials_starting_encoder_logged_once_and_never_mixed(tmp_path):
+    from mocolab.loop import run_training
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = log_baselines("set", "smoke", SMALL, [0, 1], tracking_uri=uri, say=lambda _: None)
+    assert [(b.kind, b.seed) for b in first] == [("random-init", 0), ("raw-pixels", None), ("random-init", 1)]
+    assert all(0.1 < b.linear_top1 <= 1 and 0.1 < b.knn_top1 <= 1 for b in first)
+    # seed 1's random-init encoder is the network a run of seed 1 starts from: the same scores before step 1
+    cfg = build_config("smoke", [*SMALL, "run.seed=1", "optim.max_steps=1"])
+    trained = run_training(cfg, measure_init=True, progress=None)
+    assert (trained.linear_top1_init, trained.knn_top1_init) == (first[2].linear_top1, first[2].knn_top1)
+    assert first[0].linear_top1 != first[2].linear_top1  # another seed, another encoder
+    lines: list[str] = []
+    again = log_baselines("set", "smoke", SMALL, [0, 1], tracking_uri=uri, say=lines.append)
+    assert again == first and all("measuring" not in line for line in lines)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    assert all(r.data.tags["mocolab.precision"] in ("bf16", "fp32") and r.data.tags["mocolab.torch"] for r in runs)
+    with pytest.raises(ConfigMismatchError, match=r"eval.knn_k"):
+        log_baselines("set", "smoke", [*SMALL, "eval.knn_k=5"], [0], tracking_uri=uri, say=lambda _: None)
+    assert len(client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])) == 3
+
+
+def _sweep(uri: str, name: str, arms: dict[float, list[float]], precision: dict[tuple[float, int], str]) -> None:
+    """A sweep's parent and trials, logged through mocolab's own tracking code; m = 0 does not learn."""
+    tracker = RunTracker(uri, "momentum-ablation")
+    parent = MlflowClient(uri).create_run(tracker.experiment_id, run_name=name,
+                                          tags={"mocolab.sweep_parent": name, "mocolab.sweep_name": name})
+    for m, linears in arms.items():
+        for seed, linear in enumerate(linears):
+            cfg = build_config("smoke", {"moco.m": m, "run.seed": seed})
+            child = RunTracker(uri, "momentum-ablation")
+            run_id, _ = child.start(f"{name}--m={m:g}-{seed}", cfg.flatten(), cfg.to_dict(),
+                                    tags={"trial": f"m={m:g} seed={seed}"}, parent_run_id=parent.info.run_id)
+            log = MetricsLogger(uri, run_id)
+            log.set_tag("mocolab.precision", precision.get((m, seed), "bf16"))
+            log.set_tag("mocolab.torch", "2.14.1")
+            lost = m == 0
+            log.log({"pretext_acc": 0.01 if lost else 0.6}, 10)
+            log.log_final({"linear_top1": linear, "knn_top1": linear - 0.1,
+                           "final_loss": 7.0 if lost else 3.0}, 10)  # ln(1 + 1024) = 6.93
+            child.finish("finished")
+
+
+def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_claim(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    s = study("momentum-cpu-quick")
+    arms = {0.0: [0.84, 0.845, 0.842], 0.9: [0.85, 0.855, 0.852], 0.99: [0.870, 0.8752, 0.8722],
+            0.999: [0.86, 0.866, 0.861], 0.9999: [0.86, 0.862, 0.868]}
+    _sweep(uri, s.name, arms, {(0.9, 2): "fp32"})
+    store = Store(uri)
+    exp_id = store.experiment_id(EXPERIMENT, create=True)
+    cfg = build_config("smoke")
+    for seed, linear in enumerate([0.845, 0.84, 0.843]):
+        _log(store, exp_id, s.name, build_config("smoke", {"run.seed": seed}), Baseline("random-init", seed, 0.74, linear))
+    _log(store, exp_id, s.name, cfg, Baseline("raw-pixels", None, 0.80, 0.83))
+
+    csv = export(s, store, tmp_path / "results")
+    frame = pd.read_csv(csv, dtype={"arm": str})
+    assert list(frame["arm"][:4]) == ["raw-pixels", "random-init", "random-init", "random-init"]
+    assert len(frame) == 4 + 15 and set(frame["status"]) == {"finished"}
+    assert sorted(frame.loc[frame["arm"] == "0.99", "linear_top1"]) == [0.87, 0.8722, 0.8752]
+
+    doc = tmp_path / "docs" / "REPRODUCTION.md"
+    out = write(tmp_path / "results", doc, tmp_path / "docs" / "figures")
+    text = doc.read_text()
+    assert out.figures and out.figures[0].stat().st_size > 10_000 and "![" in text
+    assert "*m = 0 fails*" in text and "3 of 3 seeds fail" in text
+    claim = next(line for line in text.splitlines() if line.startswith("- *m = 0.9 < m = 0.99*"))
+    assert "**reproduced**" in claim
+    tie = next(line for line in text.splitlines() if line.startswith("- *m = 0.9999 ≈ m = 0.999*"))
+    assert "**consistent**" in tie
+    assert "mixed: these runs are not comparable" in text  # one trial in fp32 among bf16 ones
+    assert f"| 0.99 | 3 | {100 * statistics.mean(arms[0.99]):.2f} ± {100 * statistics.stdev(arms[0.99]):.2f} [" in text
+    readme = f"intro\n{HEADLINE_BEGIN}\nold\n{HEADLINE_END}\nrest\n"
+    new = replace_headline(readme, out.headline)
+    assert new.startswith(f"intro\n{HEADLINE_BEGIN}\nMomentum ablation") and new.endswith(f"{HEADLINE_END}\nrest\n")
+    with pytest.raises(ValueError, match="no <!-- repro:headline"):
+        replace_headline("no markers", out.headline)
+
+
+def test_the_committed_document_and_readme_table_regenerate_from_the_committed_csvs(tmp_path):
+    doc = tmp_path / "REPRODUCTION.md"
+    out = write(REPO / "results", doc, tmp_path / "figures")
+    committed = (REPO / "docs" / "REPRODUCTION.md").read_text()
+    assert committed == doc.read_text().replace(str(tmp_path / "figures"), "figures"), \
+        "docs/REPRODUCTION.md differs from what results/*.csv give: run `mocolab repro --document-only`"
+    readme = (REPO / "README.md").read_text()
+    assert replace_headline(readme, out.headline) == readme, "README's headline table differs from results/*.csv"
+    for figure in out.figures:  # every figure the document shows is committed beside it
+        assert (REPO / "docs" / "figures" / figure.name).is_file()
+    # every study's CSV the document reads is one the plan names
+    assert {p.stem for p in (REPO / "results").glob("*.csv")} <= {s.name for s in STUDIES}
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_path):
+    """``run_study`` as ``mocolab repro`` calls it, on a study shaped like the plan's but sized for a test."""
+    from dataclasses import replace
+
+    from mocolab.repro.run import run_study
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    small = study("momentum-cpu-quick")
+    small = replace(small, name="repro-test", preset="smoke", values=(0.0, 0.99), seeds=1,
+                    extra=(*(a for kv in [*SMALL, "optim.max_steps=4"] for a in ("--set", kv)),
+                           "--storage", str(tmp_path / "sweeps")))  # not the checkout's runs/
+    lines: list[str] = []
+    assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=1, say=lines.append) == 0
+    assert any(line.startswith("$ python experiments/momentum_ablation.py --preset smoke --momenta 0,0.99")
+               and "--set run.precision=fp32" in line and "--set run.threads=1" in line for line in lines)
+    # the rest, on "another machine": the sweep's own folder (Tune's state, checkpoints) is gone and only the
+    # MLflow store, which the repository commits, is carried over
+    shutil.rmtree(tmp_path / "sweeps")
+    assert run_study(small, "fp32", 1, tracking_uri=uri, stop_after=None, say=lines.append) == 0
+    assert (tmp_path / "sweeps" / "repro-test").is_dir()
+    csv = export(small, Store(uri), tmp_path / "results")
+    frame = pd.read_csv(csv, dtype={"arm": str})
+    assert sorted(frame["arm"]) == ["0", "0.99", "random-init", "raw-pixels"]
+    assert set(frame["status"]) == {"finished"} and set(frame["precision"]) == {"fp32"}
+    assert (frame.loc[frame["arm"] == "0", "linear_top1"] > 0.1).all()
+
+
+def test_the_reproduction_keeps_its_runs_in_the_committed_store_unless_told_otherwise(tmp_path, monkeypatch):
+    from mocolab.repro.run import repro_store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert repro_store(None, tmp_path) == f"sqlite:///{tmp_path / 'runs.db'}"
+    assert repro_store("http://mlflow:5000", tmp_path) == "http://mlflow:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    assert repro_store(None, tmp_path) == "sqlite:///elsewhere.db"
+
+
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def closing(signum, _frame):
+    with out.open("a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+    time.sleep(0.5)  # closing its runs takes a while: the parent must wait for it
+    with out.open("a") as f:
+        f.write("closed\\n")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, closing)
+signal.signal(signal.SIGINT, closing)
+out.write_text("started\\n")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to repro", "Ctrl-C to the terminal's process group"])
+def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path, how):
+    """The study runs as a child of ``mocolab repro``: stopping the parent must not leave it training."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "child.py").write_text(CHILD)
+    log = tmp_path / "child.log"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from mocolab.repro.run import call_passing_signals; "
+         f"sys.exit(call_passing_signals([sys.executable, 'child.py', {str(log)!r}], Path({str(tmp_path)!r})))"],
+        start_new_session=True)  # its own group: the test's "terminal"
+    deadline = time.monotonic() + 30
+    while not (log.is_file() and log.read_text().startswith("started")):
+        assert time.monotonic() < deadline and parent.poll() is None, "the study never started"
+        time.sleep(0.05)
+    if how == "SIGTERM to repro":
+        parent.send_signal(signal.SIGTERM)
+        expected = signal.SIGTERM
+    else:
+        os.killpg(parent.pid, signal.SIGINT)
+        expected = signal.SIGINT
+    assert parent.wait(timeout=30) == 128 + expected
+    # the child got the signal once, closed, and the parent waited for it
+    assert log.read_text().splitlines() == ["started", expected.name, "closed"]

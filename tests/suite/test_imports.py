@@ -1,0 +1,109 @@
+"""Every import inside a function is listed here, with why it waits: a new one is added knowingly.
+
+An import belongs at the top of its module, where the import graph (and whoever draws it) sees it. It waits
+inside a function only for start-up time, so that ``mocolab --help``, a refused input or a light layer does
+not pay for torch, Ray, MLflow, pandas or matplotlib it does not use (tests/suite/test_layers.py checks the
+layers), or because the function runs in another process (a Ray task) or guards an optional dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "platform" / "mocolab"
+
+# module (path under platform/mocolab/) -> what its functions import (absolute names).
+LAZY: dict[str, set[str]] = {
+    # `import mocolab` loads nothing until an API name is asked for (PEP 562)
+    "__init__.py": {"mocolab.api"},
+    "tune/__init__.py": {"mocolab.tune.sweep"},  # Ray: the sweep's runner, on first use
+    # the API and the command line refuse bad input before torch, Ray, MLflow or the sweep layer loads
+    "api.py": {"mocolab.loop", "mocolab.train", "mocolab.tune.grid", "mocolab.tune.spec", "mocolab.tune.study",
+               "mocolab.tracking", "mocolab.tracking.models", "mocolab.encoders"},
+    "cli.py": {"mocolab.tracking", "mocolab.tracking.models", "mocolab.report", "mocolab.leaderboard",
+               "mocolab.tune.grid", "mocolab.tune.search", "mocolab.tune.study", "mocolab.repro.baselines"},
+    "transfer.py": {"torch", "mocolab.build", "mocolab.sources", "mocolab.evaluation", "mocolab.hardware",
+                    "mocolab.train.resources", "mocolab.tracking"},
+    "repro/run.py": {"torch", "mocolab.hardware", "mocolab.repro.baselines", "mocolab.tracking",
+                     "mocolab.repro.document", "mocolab.repro.export"},
+    "tune/study.py": {"mocolab.tune.sweep", "mocolab.tracking.models", "mocolab.report", "mocolab.tracking"},
+    "tune/grid.py": {"mocolab.analysis"},
+    # a study answers --help and refuses its flags before pandas, matplotlib and MLflow draw its report
+    "studies/augmentation.py": {"mocolab.analysis"},
+    "studies/momentum.py": {"mocolab.analysis", "mocolab.studies.momentum_plots"},
+    "studies/negatives.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.studies.negatives_plots"},
+    "studies/queue.py": {"mocolab.analysis"},
+    "studies/vit.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.studies.vit_plots"},
+    # Ray where a run needs it: a run in this process (W = 0, --in-process) and the driver's checks go without
+    "train/launch.py": {"ray", "ray.train", "ray.train.torch",
+                        "mocolab.train.worker"},  # the training loop, in the Ray Train worker that runs it
+    "train/ray_output.py": {"ray._private.ray_logging"},
+    "train/resources.py": {"ray", "ray.util"},
+    "train/session.py": {"ray.train", "ray.train.torch", "ray"},
+    "train/shipping.py": {"ray", "ray.util.scheduling_strategies",
+                          "importlib", "importlib.metadata", "socket", "sys"},  # the probe runs on each node
+    "train/stream.py": {"ray.data"},
+    "train/worker.py": {"ray", "mocolab.analysis"},  # matplotlib: rank 0 draws one plot, at the end
+    "tune/search.py": {"ray", "ray.tune.search.optuna", "ray.tune.schedulers"},
+    "tune/sweep.py": {"mocolab.report"},  # matplotlib: a trial's process imports this module, and draws nothing
+    # heavy libraries where one feature uses them
+    "analysis/summary.py": {"scipy"},  # one test; tables and plots load without scipy
+    "augment.py": {"kornia.augmentation"},  # the views; config reads the presets without kornia
+    "data.py": {"torchvision.datasets"},  # CIFAR-10, STL-10 and downloads
+    "models.py": {"torchvision"},  # the ResNets
+    "image_files.py": {"pyarrow.parquet"},  # a parquet set's count; config imports this module
+    "image_index.py": {"pyarrow", "pyarrow.parquet", "PIL", "torchvision.io"},  # per format, at its first file
+    "storage.py": {"pyarrow.fs"},  # a URI's file system; config imports this module
+    "encoders.py": {"mocolab.tracking.fetch"},  # MLflow for a run id or models:/ URI; an export folder needs none
+    "tracking/models.py": {"mlflow.pytorch"},  # the flavour, where a model is logged or loaded
+    "tracking/system.py": {"mlflow.system_metrics.system_metrics_monitor"},  # optional: a failure turns it off
+}
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> list[str]:
+    """The module a ``from ... import`` names, relative ones resolved against the file's package."""
+    if not node.level:
+        return [node.module or ""]
+    package = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)[:-1]  # a package's __init__: itself
+    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+    if node.module:
+        return [base]
+    return [f"{base}.{alias.name}" for alias in node.names]  # from . import api: the submodule
+
+
+def function_level_imports(path: Path) -> set[str]:
+    """What the functions (and methods, and functions inside them) of one file import."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if in_function and isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif in_function and isinstance(child, ast.ImportFrom):
+                found.update(_absolute(path, child))
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return found
+
+
+def test_every_function_level_import_is_listed_with_its_reason():
+    actual = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        names = function_level_imports(path)
+        if names:
+            actual[str(path.relative_to(PACKAGE))] = names
+    unlisted = {f: sorted(names - LAZY.get(f, set())) for f, names in actual.items() if names - LAZY.get(f, set())}
+    assert not unlisted, (f"imports inside functions that tests/suite/test_imports.py does not list: {unlisted}; move "
+                          f"them to the top of the module, or add them to LAZY with the reason they wait")
+    stale = {f: sorted(names - actual.get(f, set())) for f, names in LAZY.items() if names - actual.get(f, set())}
+    assert not stale, f"LAZY lists imports the code no longer makes inside a function: {stale}"
+
+
+def test_relative_imports_are_named_as_the_package_resolves_them():
+    """``from . import api`` in the package's __init__ is mocolab.api; ``from ..report import`` in tune/ is
+    mocolab.report, ``from .sweep import`` there mocolab.tune.sweep."""
+    assert function_level_imports(PACKAGE / "__init__.py") == {"mocolab.api"}
+    assert {"mocolab.tune.sweep", "mocolab.report"} <= function_level_imports(PACKAGE / "tune" / "study.py")

@@ -1,0 +1,154 @@
+"""The layers point one way: the method layer loads neither Ray nor MLflow, MLflow is spoken only in tracking/.
+
+Checked twice: by importing each module in a fresh child process and reading
+``sys.modules`` (what a user pays), and by reading every module's import
+statements (what a contributor adds).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_concurrently
+
+PACKAGE = Path(__file__).resolve().parents[2] / "platform" / "mocolab"
+
+
+CHECKED = [
+    ("mocolab.loop", False), ("mocolab.build", False), ("mocolab.monitors", False), ("mocolab.moco", False),
+    ("mocolab.dist", False), ("mocolab.config", False), ("mocolab.analysis", False), ("mocolab.report", True),
+    ("mocolab.tracking", True), ("mocolab.cli", False), ("mocolab.cluster", False), ("mocolab.export", False),
+    ("mocolab.choices", False),
+]
+# What a command loads before it checks its input: none of torch, Ray or MLflow, so --help answers and a bad
+# value or flag is refused in a fraction of a second instead of after their seconds of start-up.
+STARTS_LIGHT = ["mocolab.config", "mocolab.data_root", "mocolab.cli", "mocolab.choices", "mocolab.tune",
+                "mocolab.tune.study"]
+HEAVY = ("torch", "ray", "mlflow")
+
+
+# Imports each module named on the command line in a child forked from one interpreter (so each starts from
+# the same sys.modules, as a fresh interpreter would, less what the parent preloaded) and prints, per module,
+# which of ray, mlflow, mocolab.tune and torch the child then holds.
+FORKED_IMPORTS = """
+import json, os, sys
+for name in filter(None, sys.argv[1].split(",")):
+    __import__(name)
+children = {}
+for module in sys.argv[2:]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            __import__(module)
+            held = {name: name in sys.modules for name in ("ray", "mlflow", "mocolab.tune", "torch")}
+        except BaseException as e:
+            held = {"error": repr(e)}
+        os.write(w, json.dumps(held).encode())
+        os._exit(0)
+    os.close(w)
+    children[module] = r
+out = {}
+for module, r in children.items():
+    with os.fdopen(r) as f:
+        out[module] = json.loads(f.read())
+    os.wait()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, dict[str, bool]]:
+    """Per module: which of ray, mlflow, mocolab.tune and torch an interpreter holds after importing it alone.
+
+    The modules that check input are imported from a bare interpreter (torch must not load); the rest from
+    one that preloaded torch, numpy and matplotlib, which none of their checks is about, so each child pays
+    only for what it adds (Ray, MLflow) instead of torch's seconds again.
+    """
+    light = STARTS_LIGHT + [m for m, _ in CHECKED if m in STARTS_LIGHT]
+    rest = [m for m, _ in CHECKED if m not in light]
+    runs = run_concurrently([[sys.executable, "-c", FORKED_IMPORTS, "", *dict.fromkeys(light)],
+                             [sys.executable, "-c", FORKED_IMPORTS, "torch,numpy,matplotlib.pyplot", *rest]],
+                            timeout=120)
+    out = {}
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+        out.update(json.loads(run.stdout.strip().splitlines()[-1]))
+    for module, held in out.items():
+        assert "error" not in held, f"import {module}: {held}"
+    return out
+
+
+@pytest.mark.parametrize("module, mlflow_allowed", CHECKED)
+def test_import_loads_neither_ray_nor_mlflow(loaded, module, mlflow_allowed):
+    held = loaded[module]
+    assert not held["ray"], f"import {module} loaded ray"
+    assert not held["mocolab.tune"], f"import {module} loaded mocolab.tune (a layer above it)"
+    if not mlflow_allowed:
+        assert not held["mlflow"], f"import {module} loaded mlflow"
+
+
+@pytest.mark.parametrize("module", STARTS_LIGHT)
+def test_what_checks_input_loads_no_torch_ray_or_mlflow(loaded, module):
+    heavy = [name for name in HEAVY if loaded[module][name]]
+    assert not heavy, f"import {module} loaded {heavy} (allowed values belong in choices.py, a sweep's checks in " \
+                      f"tune/spec.py; the rest loads after the input is checked)"
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of every module a file imports (absolute and package-relative)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the file's package
+                parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)[:-node.level]
+                base = ".".join(parts + ([base] if base else []))
+            names.add(base)
+    return names
+
+
+def _files(*, under: str | None = None, exclude: str | None = None) -> list[Path]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    if under:
+        files = [f for f in files if f.relative_to(PACKAGE).parts[0] == under]
+    if exclude:
+        files = [f for f in files if f.relative_to(PACKAGE).parts[0] != exclude]
+    return files
+
+
+def test_only_tracking_imports_mlflow():
+    offenders = [str(f.relative_to(PACKAGE)) for f in _files(exclude="tracking")
+                 if any(n == "mlflow" or n.startswith("mlflow.") for n in _imports(f))]
+    assert offenders == []
+
+
+def test_tracking_analysis_and_cluster_never_import_ray():
+    for under in ("tracking", "analysis", "cluster"):  # cluster/ starts Ray and MLflow as programs only
+        files = _files(under=under)
+        assert files, under
+        offenders = [str(f.relative_to(PACKAGE)) for f in files
+                     if any(n == "ray" or n.startswith("ray.") for n in _imports(f))]
+        assert offenders == [], f"{under}/ imports ray: {offenders}"
+
+
+def test_method_layer_never_imports_ray_mlflow_or_upper_layers():
+    method = ["moco", "queue", "norm", "dist", "models", "augment", "data", "evaluation", "config", "loop", "build",
+              "monitors", "rng", "hardware", "schedule", "losses", "negatives", "diagnostics", "vit", "optimizers",
+              "sources", "pooling", "image_index", "image_files", "pixels", "method", "methods"]
+    for name in method:
+        imported = _imports(PACKAGE / f"{name}.py")
+        bad = {n for n in imported if n.split(".")[0] in ("ray", "mlflow")
+               or n.startswith(("mocolab.tune", "mocolab.train", "mocolab.tracking", "mocolab.report"))}
+        assert not bad, f"{name}.py imports {bad}"
+
+
+def test_report_does_not_import_tune():
+    assert not any(n.startswith("mocolab.tune") for n in _imports(PACKAGE / "report.py"))
