@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "platform"))
 from mocolab.config import build_config  # noqa: E402
 from mocolab.evaluation import ProbeResult  # noqa: E402
 from mocolab.export import FeatureExtractor, ProbeClassifier  # noqa: E402
+from mocolab.manifest import RunManifest  # noqa: E402
 from mocolab.models import build_encoder  # noqa: E402
 from mocolab.tracking import RunTracker  # noqa: E402
 from mocolab.tracking.models import load_encoder, log_models  # noqa: E402
@@ -52,7 +53,7 @@ def main() -> None:
         times, loads = [], []
         for i in range(args.repeats + 1):  # the first one warms imports and the store
             tracker = RunTracker(uri, "bench")
-            run_id, _ = tracker.start(f"r{i}", {}, {})
+            run_id, _ = tracker.start(RunManifest(f"r{i}", {}, ""))
             t0 = time.perf_counter()
             log_models(uri, run_id, modules, example, step=1)
             if not i:
@@ -67,7 +68,7 @@ def main() -> None:
         from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
         tracker = RunTracker(uri, "bench")
-        run_id, _ = tracker.start("inferred", {}, {})
+        run_id, _ = tracker.start(RunManifest("inferred", {}, ""))
         with _use_tracking_uri(uri):
             t0 = time.perf_counter()
             mlflow.pytorch.log_model(features.eval(), name="encoder", serialization_format="pt2",

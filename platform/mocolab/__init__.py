@@ -22,7 +22,7 @@ import importlib
 import sys
 import types
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _API = ("build_config", "train", "sweep", "load_encoder", "evaluate")
 __all__ = ["__version__", *_API]

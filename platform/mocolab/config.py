@@ -224,13 +224,14 @@ class Config:
 
     @property
     def run_name(self) -> str:
-        """The given name, else one derived from the config: the same config resumes the same run."""
+        """The given name, else one derived from the config: the same config resumes the same run. The digest
+        reads the fields that differ from their defaults (``departures``), so a newly added field at its
+        default names a run as before."""
         if self.run.name:
             return self.run.name
-        flat = {k: v for k, v in self.flatten().items() if (not k.startswith("run.") or k == "run.seed")
-                and not _later_default(k, v)}
+        flat = {k: v for k, v in departures(self.flatten()).items() if not k.startswith("run.") or k == "run.seed"}
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        version = "" if self.moco.version == "v2" else f"{self.moco.version}-"  # v2 names as before versions
+        version = "" if self.moco.version == "v2" else f"{self.moco.version}-"  # v2, the default, adds nothing
         source = {"queue": "", "memory_bank": "bank-", "in_batch": "inbatch-"}[self.moco.negatives] \
             if self.moco.negatives in NEGATIVE_SOURCES else f"{self.moco.negatives}-"
         return f"{self.run.preset}-{version}{source}m{self.moco.m}-s{self.run.seed}-{digest}"
@@ -614,20 +615,6 @@ def _check_vit(cfg: Config) -> None:
                          f"allowed 0 (sized for the data) or one of {divisors}")
 
 
-# New fields at these values compute what the code before them computed: they are left out of derived run
-# names and of the identity (fingerprint), so a run started before they existed resumes under its old name.
-LATER_DEFAULTS: dict[str, Any] = {
-    "moco.version": "v2", "moco.m_schedule": "constant", "optim.name": "sgd", "optim.scale_lr": False,
-    "optim.warmup_epochs": 0.0, "vit.patch_size": 0, "vit.depth": 0, "vit.freeze_patch_embed": False,
-    "moco.negatives": "queue", "bank.negatives": 0, "bank.momentum": 0.5, "eval.drift_probes": 256,
-    "data.max_bad_fraction": 0.01, "data.val_size": 0,
-}
-
-
-def _later_default(key: str, value: Any) -> bool:
-    return key in LATER_DEFAULTS and str(value) == str(LATER_DEFAULTS[key])
-
-
 # Fields that may change between attempts of one run without changing what it computes: a resume
 # ignores them.  Every other field is part of the run's identity (``fingerprint``).
 RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "run.placement", "run.output_dir",
@@ -639,12 +626,22 @@ RESUMABLE_FIELDS = ("run.max_failures", "run.threads", "run.cpus_per_worker", "r
 
 def identity(flat: Mapping[str, Any]) -> dict[str, str]:
     """The flattened fields that define a run (RESUMABLE_FIELDS left out), as the strings MLflow stores."""
-    return {k: str(v) for k, v in sorted(flat.items()) if k not in RESUMABLE_FIELDS and not _later_default(k, v)}
+    return {k: str(v) for k, v in sorted(flat.items()) if k not in RESUMABLE_FIELDS}
+
+
+def departures(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a flattened config that differ from their defaults: what the config says.
+
+    Derived run names and fingerprints read only these, so a new field, whose default computes what the
+    code computed before the field existed, leaves every name and fingerprint as it was.
+    """
+    defaults = Config().flatten()
+    return {k: v for k, v in flat.items() if k not in defaults or str(v) != str(defaults[k])}
 
 
 def fingerprint(cfg: Config) -> str:
     """A short digest of what the run computes: equal for every attempt of one run, and only then."""
-    return hashlib.sha1(json.dumps(identity(cfg.flatten()), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha1(json.dumps(identity(departures(cfg.flatten())), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any],

@@ -1,8 +1,8 @@
 """Where runs keep their state: a local folder or any URI Ray Train can write (s3://, gs://, file://, ...).
 
 A URI is never resolved as a local path: it goes to Ray Train as given, and
-the few small files the driver keeps beside a run's checkpoints (its config
-record, the local-mode checkpoint) are read and written through the same
+the files mocolab itself keeps beside a run's checkpoints (its manifest, the
+local-mode checkpoints) are read and written through the same
 pyarrow filesystem Ray uses. Credentials and endpoints travel the way pyarrow
 takes them: the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...) or the
 URI's query (``s3://bucket/runs?endpoint_override=host:9000&scheme=http``).
@@ -125,8 +125,16 @@ class Location:
         except FileNotFoundError:
             pass
 
+    def delete_dir(self, name: str) -> None:
+        """Remove the folder ``name`` and everything in it, if it is there."""
+        if not self.remote:
+            shutil.rmtree(Path(self.root, name), ignore_errors=True)
+            return
+        if self.exists(name):
+            self.fs.delete_dir(self._path(name))
+
     def put_dir(self, local_dir: str | Path, name: str) -> None:
-        """Copy a local folder's files to ``name`` here (the local-mode checkpoint)."""
+        """Copy a local folder's files to ``name`` here (a local-mode checkpoint)."""
         if not self.remote:
             target = Path(self.root, name)
             target.mkdir(parents=True, exist_ok=True)

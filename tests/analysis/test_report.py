@@ -11,6 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mocolab.config import build_config
+from mocolab.manifest import RunManifest
 from mocolab.report import build_report, png_size
 from mocolab.tracking import MetricsLogger, RunTracker, trials_frame
 
@@ -28,7 +29,7 @@ def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]],
         cfg = build_config(preset, overrides)
         m, seed = cfg.moco.m, cfg.run.seed
         child = RunTracker(uri, experiment)
-        run_id, _ = child.start(f"sweep--{label}", cfg.flatten(), cfg.to_dict(), tags={"trial": label},
+        run_id, _ = child.start(RunManifest.of(cfg.replace(**{"run.name": f"sweep--{label}"})), tags={"trial": label},
                                 parent_run_id=parent.info.run_id, display_name=label)
         log = MetricsLogger(uri, run_id)
         base = 0.6 + 0.3 * (1 - (1 - m) ** 0.5) + 0.01 * seed
@@ -148,8 +149,8 @@ def _running_sweep(uri: str) -> tuple[str, str, str]:
     client = MlflowClient(uri)
     client.update_run(parent, status="RUNNING")
     cfg = build_config("smoke", {"moco.m": 0.99})
-    run_id, _ = RunTracker(uri, "live-study").start("sweep--m=0.99 seed=0", cfg.flatten(), cfg.to_dict(),
-                                                    tags={"trial": "m=0.99 seed=0"}, parent_run_id=parent,
+    trial = RunManifest.of(cfg.replace(**{"run.name": "sweep--m=0.99 seed=0"}))
+    run_id, _ = RunTracker(uri, "live-study").start(trial, tags={"trial": "m=0.99 seed=0"}, parent_run_id=parent,
                                                     display_name="m=0.99 seed=0")
     log = MetricsLogger(uri, run_id)
     for epoch in (1, 2):
@@ -305,7 +306,7 @@ def _leaderboard_store(uri: str) -> dict[str, str]:
     source = runs["m=0.99 seed=0 momentum-ablation"]
     cfg = build_config("smoke", {"data.name": "synthetic"})
     tracker = RunTracker(uri, "transfer")
-    rid, _ = tracker.start("eval", cfg.flatten(), cfg.to_dict(), tags={
+    rid, _ = tracker.start(RunManifest.of(cfg.replace(**{"run.name": "eval"})), tags={
         SOURCE_RUN_TAG: source.info.run_id, SOURCE_EXPERIMENT_TAG: "momentum-ablation"})
     MetricsLogger(uri, rid).log_final({"linear_top1": 0.5, "knn_top1": 0.4}, 1)
     tracker.finish()

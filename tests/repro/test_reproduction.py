@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from mocolab.baselines import Baseline
 from mocolab.config import ConfigMismatchError, build_config
+from mocolab.manifest import RunManifest
 from mocolab.data import fashion_mnist_dir
 from mocolab.repro.baselines import EXPERIMENT, _log, log_baselines
 from mocolab.repro.document import HEADLINE_BEGIN, HEADLINE_END, replace_headline, write
@@ -60,8 +61,8 @@ def _sweep(uri: str, name: str, arms: dict[float, list[float]], precision: dict[
         for seed, linear in enumerate(linears):
             cfg = build_config("smoke", {"moco.m": m, "run.seed": seed})
             child = RunTracker(uri, "momentum-ablation")
-            run_id, _ = child.start(f"{name}--m={m:g}-{seed}", cfg.flatten(), cfg.to_dict(),
-                                    tags={"trial": f"m={m:g} seed={seed}"}, parent_run_id=parent.info.run_id)
+            trial = RunManifest.of(cfg.replace(**{"run.name": f"{name}--m={m:g}-{seed}"}))
+            run_id, _ = child.start(trial, tags={"trial": f"m={m:g} seed={seed}"}, parent_run_id=parent.info.run_id)
             log = MetricsLogger(uri, run_id)
             log.set_tag("mocolab.precision", precision.get((m, seed), "bf16"))
             log.set_tag("mocolab.torch", "2.14.1")

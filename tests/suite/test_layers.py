@@ -22,7 +22,7 @@ CHECKED = [
     ("mocolab.loop", False), ("mocolab.build", False), ("mocolab.monitors", False), ("mocolab.moco", False),
     ("mocolab.dist", False), ("mocolab.config", False), ("mocolab.analysis", False), ("mocolab.report", True),
     ("mocolab.tracking", True), ("mocolab.cli", False), ("mocolab.cluster", False), ("mocolab.export", False),
-    ("mocolab.choices", False),
+    ("mocolab.choices", False), ("mocolab.manifest", False),
 ]
 # What a command loads before it checks its input: none of torch, Ray or MLflow, so --help answers and a bad
 # value or flag is refused in a fraction of a second instead of after their seconds of start-up.
@@ -142,7 +142,7 @@ def test_tracking_analysis_and_cluster_never_import_ray():
 def test_method_layer_never_imports_ray_mlflow_or_upper_layers():
     method = ["moco", "queue", "norm", "dist", "models", "augment", "data", "evaluation", "config", "loop", "build",
               "monitors", "rng", "hardware", "schedule", "losses", "negatives", "diagnostics", "vit", "optimizers",
-              "sources", "pooling", "image_index", "image_files", "pixels", "method", "methods"]
+              "sources", "pooling", "image_index", "image_files", "pixels", "method", "methods", "manifest"]
     for name in method:
         imported = _imports(PACKAGE / f"{name}.py")
         bad = {n for n in imported if n.split(".")[0] in ("ray", "mlflow")

@@ -14,6 +14,7 @@ from mocolab.config import build_config
 from mocolab.evaluation import ProbeResult, extract_features
 from mocolab.export import FeatureExtractor, ProbeClassifier
 from mocolab.models import build_backbone, build_encoder
+from mocolab.manifest import RunManifest
 from mocolab.tracking import MetricsLogger, RunTracker
 from mocolab.tracking.models import export_run, log_models, register_model
 
@@ -24,7 +25,7 @@ def logged(tmp_path_factory):
     uri = f"sqlite:///{tmp_path_factory.mktemp('models') / 'mlflow.db'}"
     cfg = build_config("smoke", {"model.width": 8})
     tracker = RunTracker(uri, "models-test")
-    run_id, _ = tracker.start("enc-run", cfg.flatten(), cfg.to_dict())
+    run_id, _ = tracker.start(RunManifest.of(cfg.replace(**{"run.name": "enc-run"})))
     MetricsLogger(uri, run_id).log_final({"linear_top1": 0.71, "knn_top1": 0.65}, 30)
     encoder = build_encoder("convnet", 1, width=8, bn_groups=4)  # split BN, as the smoke preset trains
     probe = ProbeResult(0.8, 0.71, torch.randn(encoder.backbone.out_dim, 10, dtype=torch.float64),
@@ -88,7 +89,8 @@ def test_register_adds_versions_and_refuses_what_it_cannot_do(logged, tmp_path, 
     assert main(["export", "no-such-run", "--out", str(tmp_path / "bad"), "--tracking-uri", uri]) == 2
     assert "RUN_ID: 'no-such-run' is not a run" in capsys.readouterr().err
     tracker = RunTracker(uri, "models-test")  # a run that never finished has no model: say where its files are
-    other, _ = tracker.start("unfinished", {}, {}, tags={"mocolab.checkpoint_dir": "/data/runs/unfinished"})
+    other, _ = tracker.start(RunManifest("unfinished", {}, ""),
+                             tags={"mocolab.checkpoint_dir": "/data/runs/unfinished"})
     assert main(["export", other, "--out", str(tmp_path / "bad"), "--tracking-uri", uri]) == 2
     err = capsys.readouterr().err
     assert "has no 'encoder' model" in err and "/data/runs/unfinished" in err

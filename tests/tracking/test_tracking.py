@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 from conftest import start_mlflow_server, stop_mlflow_server
 from mocolab.config import build_config
 from mocolab.data import fashion_mnist_dir
+from mocolab.manifest import RunManifest
 from mocolab.tracking import check_tracking_uri, redact_uri, resolve_tracking_uri
 from mocolab.train import fit
 
@@ -105,9 +106,46 @@ def test_a_run_whose_params_the_store_refuses_is_not_left_behind(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.raises(Exception, match="bad\\?key"):  # MLflow's own check of a param's name
-        RunTracker(uri, "orphans").start("r", {"moco.m": 0.99, "bad?key": 1}, {})
+        RunTracker(uri, "orphans").start(RunManifest("r", {"moco.m": 0.99, "bad?key": 1}, ""))
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("orphans")
     assert client.search_runs([exp.experiment_id]) == []
-    run_id, resumed = RunTracker(uri, "orphans").start("r", {"moco.m": 0.99}, {"moco": {"m": 0.99}})
+    run_id, resumed = RunTracker(uri, "orphans").start(RunManifest("r", {"moco.m": 0.99}, ""))
     assert not resumed and client.get_run(run_id).data.params == {"moco.m": "0.99"}
+
+
+@pytest.mark.slow
+def test_an_mlflow_run_holds_the_manifest_and_finished_trials_of_an_older_format_still_count_as_done(tmp_path):
+    """The MLflow run is one of the manifest's three homes: read back, it is the manifest it was started with.
+    A store carried over from run format 1 (the reproduction's committed one) keeps its finished trials
+    done, so a resumed grid does not run them; only continuing its unfinished trial is refused."""
+    from mocolab.manifest import OldRunFormat
+    from mocolab.tracking import Store, SweepRun, recorded_manifest
+    from mocolab.tracking.mlflow_log import RunTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = build_config("smoke", {"run.name": "sweep--m=0.9", "moco.m": 0.9})
+    manifest = RunManifest.of(cfg)
+    store = Store(uri)
+    parent = SweepRun.open(store, "old-study", "sweep", description="", params={"sweep.trials": 3}, tags={})
+    tracker = RunTracker(uri, "old-study")
+    run_id, resumed = tracker.start(manifest, tags={"trial": "m=0.9"}, parent_run_id=parent.run_id)
+    assert not resumed
+    recorded = recorded_manifest(store.client.get_run(run_id))
+    assert recorded == RunManifest(manifest.name, {k: str(v) for k, v in manifest.config.items() if k != "run.name"},
+                                   manifest.fingerprint)
+    assert tracker.start(manifest, parent_run_id=parent.run_id) == (run_id, True)  # the same run continues
+    # two trials as run format 1 left them: params and tags, no format tag; one finished, one stopped midway
+    for label, status in (("m=0.99", "finished"), ("m=0", "stopped")):
+        old = store.client.create_run(parent.experiment_id, run_name=label, tags={
+            "mocolab.run_name": f"sweep--{label}", "trial": label, "mlflow.parentRunId": parent.run_id})
+        store.log_params(old.info.run_id, {k: v for k, v in cfg.replace(**{"moco.m": label[2:]}).flatten().items()
+                                           if k != "run.name"})
+        store.set_status(old.info.run_id, status, mlflow_status="FINISHED" if status == "finished" else "KILLED")
+        assert recorded_manifest(store.client.get_run(old.info.run_id)).format == 1
+    tracker.finish()
+    assert parent.done_labels() == {"m=0.9", "m=0.99"}  # the old finished trial counts as done
+    with pytest.raises(OldRunFormat, match=r"^run 'sweep--m=0' \(MLflow run \w+\) was started by mocolab 0.1.0 "
+                                           r"\(run format 1\)[^\n]*delete that MLflow run$"):
+        tracker.start(RunManifest.of(cfg.replace(**{"run.name": "sweep--m=0", "moco.m": 0.0})),
+                      parent_run_id=parent.run_id)

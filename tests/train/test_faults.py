@@ -6,6 +6,7 @@ Real processes throughout: real Ray (the session's local instance), real MLflow
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,8 @@ from mocolab.config import ConfigMismatchError, build_config
 from mocolab.data import fashion_mnist_dir
 from mocolab.lock import InUseError, NameLock
 from mocolab.loop import Trainer
+from mocolab.manifest import FORMAT_VERSION, MANIFEST, OldRunFormat, RunManifest
+from mocolab.tracking import Store
 from mocolab.train import fit
 from mocolab.train.checkpoint import load_rank_state, save_rank_state
 from mocolab.train.resources import check_placement
@@ -63,10 +66,73 @@ def test_resume_with_other_settings_is_refused_before_any_work(tmp_path):
     assert checkpoint.stat().st_mtime_ns == before, "a refused resume touched the checkpoint"
     runs = _runs(uri)
     assert len(runs) == 1 and runs[0].data.params["moco.m"] == "0.99"
-    assert runs[0].data.tags["mocolab.config_fingerprint"]
+    # one manifest, in the folder and on the MLflow run: the config, its fingerprint, the run format
+    manifest = RunManifest.from_dict(json.loads((tmp_path / "runs" / "same-name" / MANIFEST).read_text()), MANIFEST)
+    assert manifest == RunManifest.of(cfg) and manifest.format == FORMAT_VERSION
+    assert runs[0].data.tags["mocolab.config_fingerprint"] == manifest.fingerprint
+    assert runs[0].data.tags["mocolab.run_format"] == str(FORMAT_VERSION)
+    assert not (tmp_path / "runs" / "same-name" / "config.json").exists()
     # what may change between attempts (failure limits, threads, storage details) does not count
     again = fit(cfg.replace(**{"run.max_failures": 5, "run.threads": 1}), tracking_uri=uri, progress=lambda _m: None)
     assert again.resumed and again.mlflow_run_id == first.mlflow_run_id
+
+
+def _format1_folder(folder: Path, cfg) -> dict[str, int]:
+    """A run folder as run format 1 left it (mocolab 0.1.0): a config record and a local-mode checkpoint whose
+    file carries the config; the files' modification times, to show nothing touched them."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg.flatten(), indent=1, default=str))
+    (folder / "local-checkpoint").mkdir()
+    torch.save({"format": 1, "rank": 0, "world_size": 1, "config": cfg.to_dict(), "state": {"step": 4}},
+               folder / "local-checkpoint" / "rank0.pt")
+    return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_run_of_an_older_format_is_refused_in_one_line_before_any_work(tmp_path, capsys):
+    """Run format 1 is refused, not converted: in its folder (by `mocolab train`, exit 2), in its checkpoint
+    file, and in an MLflow run it left unfinished where no folder is left. Each error is one line that
+    names the run, the mocolab that can finish it and how to start fresh, and nothing is written."""
+    from mocolab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _cfg(tmp_path, **{"run.name": "old-run"})
+    folder = tmp_path / "runs" / "old-run"
+    before = _format1_folder(folder, cfg)
+    args = ["train", "--preset", "smoke", "--tracking-uri", uri,
+            *[f"--set={k}={v}" for k, v in {**TINY, "run.output_dir": tmp_path / "runs", "run.experiment": "faults",
+                                             "run.name": "old-run"}.items()]]
+    assert main(args) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "old-run" in line]
+    assert len(said) == 1, said  # one line
+    err = said[0]
+    assert f"run 'old-run' ({folder}) was started by mocolab 0.1.0 (run format 1)" in err
+    assert "finish it with mocolab 0.1.0" in err and "--set run.name=<a new name>" in err and f"remove {folder}" in err
+    with pytest.raises(OldRunFormat, match="^run 'old-run' .* mocolab 0.1.0"):
+        fit(cfg, tracking_uri=uri, progress=lambda _m: None)
+    with pytest.raises(OldRunFormat, match=r"^run 'old-run' \(checkpoint .*rank0.pt\) was started by mocolab 0.1.0 "
+                                           r"\(run format 1\)[^\n]*--set run.name=<a new name>"):
+        load_rank_state(folder / "local-checkpoint", 0, 1)
+    after = {str(p): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before and _runs(uri) == []  # no manifest, no checkpoint, no MLflow run
+    # an unfinished trial of run format 1 in a carried-over store, its folder gone: refused by its MLflow record
+    client = MlflowClient(uri)
+    exp = client.create_experiment("faults")
+    old = client.create_run(exp, run_name="old-trial", tags={"mocolab.run_name": "old-trial", "preset": "smoke",
+                                                             "mocolab.config_fingerprint": "e70fb97a9bf2235c"})
+    Store(uri).log_params(old.info.run_id, {k: v for k, v in cfg.flatten().items() if k != "run.name"})
+    client.set_tag(old.info.run_id, "mocolab.status", "stopped")
+    client.set_terminated(old.info.run_id, "KILLED")
+    with pytest.raises(OldRunFormat) as info:
+        fit(cfg.replace(**{"run.name": "old-trial"}), tracking_uri=uri, progress=lambda _m: None)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"run 'old-trial' (MLflow run {old.info.run_id}) was started by "
+                                              f"mocolab 0.1.0 (run format 1)")
+    assert "delete that MLflow run" in msg
+    assert not (tmp_path / "runs" / "old-trial" / MANIFEST).exists()
+    assert [r.info.run_id for r in _runs(uri)] == [old.info.run_id]
+    assert client.get_run(old.info.run_id).info.status == "KILLED"
 
 
 # ----------------------------------------------------------------------------------- 3. impossible requests
@@ -134,19 +200,24 @@ def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(tmp_pa
 
 _WRITER = """
 import sys, torch
+from mocolab.manifest import RunManifest
 from mocolab.train.checkpoint import save_rank_state
 step = 0
 while True:
     step += 1
-    save_rank_state({"step": step, "w": torch.full((256, 1024), float(step))}, {"c": 1}, sys.argv[1], 0, 1)
+    save_rank_state({"step": step, "w": torch.full((256, 1024), float(step))}, RunManifest("w", {"c": 1}, ""),
+                    sys.argv[1], 0, 1)
     print(step, flush=True)
 """
+
+
+WRITTEN = RunManifest("w", {"c": 1}, "")  # what _WRITER's files carry
 
 
 @pytest.mark.slow
 def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     folder = tmp_path / "ckpt"
-    save_rank_state({"step": 0, "w": torch.zeros(256, 1024)}, {"c": 1}, folder, 0, 1)
+    save_rank_state({"step": 0, "w": torch.zeros(256, 1024)}, WRITTEN, folder, 0, 1)
     last = 0
     for delay in (0.05, 0.13, 0.31, 0.47, 0.7):  # different points of a ~1 MB write
         writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(folder)], stdout=subprocess.PIPE, text=True)
@@ -154,11 +225,11 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_p
         time.sleep(delay)  # somewhere inside a later write
         writer.send_signal(signal.SIGKILL)
         writer.wait(timeout=30)
-        state, config = load_rank_state(folder, 0, 1)
-        assert config == {"c": 1} and (state["w"] == float(state["step"])).all()
+        state, manifest = load_rank_state(folder, 0, 1)
+        assert manifest == WRITTEN and (state["w"] == float(state["step"])).all()
         last = state["step"]
     assert last > 0, "the writer never completed a checkpoint"
-    save_rank_state({"step": -1, "w": torch.zeros(1)}, {"c": 1}, folder, 0, 1)
+    save_rank_state({"step": -1, "w": torch.zeros(1)}, WRITTEN, folder, 0, 1)
     assert sorted(p.name for p in folder.iterdir()) == ["rank0.pt"], "a temporary file was left behind"
 
 
@@ -202,6 +273,11 @@ def test_local_mode_restarts_from_its_checkpoint_like_ray_workers(tmp_path):
     assert out.checkpoint_path and (Path(out.checkpoint_path) / "rank0.pt").is_file()
     state, _ = load_rank_state(out.checkpoint_path, 0, 1)
     assert state["step"] == 12
+    # Ray's layout, and Ray's num_to_keep: checkpoint_<time>/rank0.pt in the run's folder, the newest kept
+    folder = tmp_path / "runs" / "local-fault"
+    kept = sorted(p.name for p in folder.glob("checkpoint_*"))
+    assert Path(out.checkpoint_path).parent == folder and kept[-1] == Path(out.checkpoint_path).name
+    assert len(kept) == cfg.run.keep_checkpoints and (folder / MANIFEST).is_file()
     run = MlflowClient(uri).get_run(out.mlflow_run_id)
     assert run.info.status == "FINISHED" and run.data.tags["mocolab.status"] == "finished"
     # with no failures allowed the same fault fails the run, recorded with its reason
@@ -475,11 +551,12 @@ def test_a_store_still_down_at_the_end_keeps_the_metrics_and_the_same_command_se
 
 _FULL_DISK = """
 import resource, signal, sys, torch
+from mocolab.manifest import RunManifest
 from mocolab.train.checkpoint import save_rank_state
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
 resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))  # files beyond 64 KiB cannot be written
 try:
-    save_rank_state({"step": 2, "w": torch.ones(256, 1024)}, {"c": 1}, sys.argv[1], 0, 1)
+    save_rank_state({"step": 2, "w": torch.ones(256, 1024)}, RunManifest("w", {"c": 1}, ""), sys.argv[1], 0, 1)
 except Exception as err:  # torch's zip writer reports the short write as a RuntimeError
     print("refused:", type(err).__name__)
 else:
@@ -489,7 +566,7 @@ else:
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path):
     folder = tmp_path / "ckpt"
-    save_rank_state({"step": 1, "w": torch.zeros(4)}, {"c": 1}, folder, 0, 1)
+    save_rank_state({"step": 1, "w": torch.zeros(4)}, WRITTEN, folder, 0, 1)
     res = subprocess.run([sys.executable, "-c", _FULL_DISK, str(folder)], capture_output=True, text=True, timeout=120)
     assert "refused:" in res.stdout, res.stdout + res.stderr  # the real write hit the file-size limit
     state, _ = load_rank_state(folder, 0, 1)

@@ -12,7 +12,8 @@ from mocolab.config import build_config, with_absolute_paths
 from mocolab.data import fashion_mnist_dir
 from mocolab.storage import Location, is_uri, shown
 from mocolab.train import fit
-from mocolab.train.checkpoint import LOCAL_CHECKPOINT
+from mocolab.manifest import MANIFEST
+from mocolab.train.checkpoint import local_checkpoints
 
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 TINY = {"data.subset": 1024, "eval.knn_bank": 512, "eval.knn_test": 300, "eval.linear_train": 512,
@@ -31,12 +32,20 @@ def test_uris_are_never_made_local_paths(tmp_path, monkeypatch):
     assert shown("s3://key:secret@b/runs?endpoint_override=h:1") == "s3://b/runs"
 
 
-def test_a_location_reads_and_writes_on_s3(s3_server):
+def test_a_location_reads_and_writes_on_s3(s3_server, tmp_path):
     loc = Location(s3_server("x/run-1"))
-    assert not loc.exists("config.json")
-    loc.write_text("config.json", '{"a": 1}')
-    assert loc.exists("config.json") and json.loads(loc.read_text("config.json")) == {"a": 1}
+    assert not loc.exists("manifest.json")
+    loc.write_text("manifest.json", '{"a": 1}')
+    assert loc.exists("manifest.json") and json.loads(loc.read_text("manifest.json")) == {"a": 1}
     assert str(loc) == "s3://mocolab/x/run-1" and "secret" not in str(loc)
+    local = tmp_path / "ckpt"  # a folder up, and away again (the local-mode checkpoints)
+    local.mkdir()
+    (local / "rank0.pt").write_bytes(b"x")
+    loc.put_dir(local, "checkpoint_1")
+    assert loc.exists("checkpoint_1/rank0.pt") and "checkpoint_1" in loc.children()
+    loc.delete_dir("checkpoint_1")
+    loc.delete_dir("checkpoint_1")  # gone already: nothing to do
+    assert not loc.exists("checkpoint_1/rank0.pt") and "checkpoint_1" not in loc.children()
     with pytest.raises(ValueError, match="run.output_dir: .* is not a storage URI pyarrow can open"):
         Location("nosuchscheme://x/y")
     dead = Location("s3://k:secret@mocolab/x?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1")
@@ -59,15 +68,16 @@ def test_checkpoints_and_restarts_through_s3(tmp_path, s3_server, ray_session, w
     out = fit(cfg, tracking_uri=uri, progress=said.append)
     assert out.status == "finished" and out.steps == 12
     run_dir = Location(storage).child(f"s3-w{workers}")
-    assert run_dir.exists(".fault-injected") and run_dir.exists("config.json")
+    assert run_dir.exists(".fault-injected") and run_dir.exists(MANIFEST)
     assert out.checkpoint_path and out.checkpoint_path.startswith(("s3://", "mocolab/"))
     fs, _ = pyarrow.fs.FileSystem.from_uri(storage)
     files = [f.path for f in fs.get_file_info(pyarrow.fs.FileSelector("mocolab/runs", recursive=True))]
-    if workers == 0:
-        assert run_dir.exists(f"{LOCAL_CHECKPOINT}/rank0.pt")
+    # one layout in both modes: <run>/checkpoint_<time>/rank<r>.pt
+    assert any(p.endswith("rank0.pt") and "/checkpoint_" in p for p in files), files
+    if workers == 0:  # the run keeps run.keep_checkpoints of them, as Ray would
+        assert len(local_checkpoints(run_dir)) == cfg.run.keep_checkpoints
+        assert out.checkpoint_path == str(run_dir.child(local_checkpoints(run_dir)[-1]))
         assert any("restarting from its latest checkpoint (1/1)" in m for m in said)
-    else:
-        assert any(p.endswith("rank0.pt") and "/checkpoint_" in p for p in files), files
     assert not any(p.startswith(str(tmp_path)) for p in files)
     if workers == 0:  # the same name again resumes from the bucket: nothing left to train, the same MLflow run
         again = fit(cfg, tracking_uri=uri, progress=said.append)

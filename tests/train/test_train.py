@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 from mocolab.config import build_config
 from mocolab.data import fashion_mnist_dir
 from mocolab.loop import Trainer
+from mocolab.manifest import RunManifest
 from mocolab.train import fit
 from mocolab.train.checkpoint import load_rank_state, save_rank_state
 
@@ -40,14 +41,14 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
 
     def stop_at_19(tr: Trainer) -> None:  # mid second epoch
         if tr.step == 19:
-            save_rank_state(tr.state_dict(), cfg.to_dict(), tmp_path, 0, 1)
+            save_rank_state(tr.state_dict(), RunManifest.of(cfg), tmp_path, 0, 1)
             raise Interrupt
 
     first = Trainer(cfg)
     with pytest.raises(Interrupt):
         _train_to(first, 24, stop_at_19)
-    state, saved_cfg = load_rank_state(tmp_path, 0, 1)  # torch.load(weights_only=True) inside
-    assert saved_cfg == cfg.to_dict()
+    state, saved = load_rank_state(tmp_path, 0, 1)  # torch.load(weights_only=True) inside
+    assert saved == RunManifest.of(cfg) and saved.to_config() == cfg
     resumed = Trainer(cfg)
     resumed.load_state_dict(state)
     assert resumed.step == 19 and resumed.epoch == 1
@@ -63,9 +64,63 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
 
 
 def test_checkpoint_from_other_world_size_is_refused(tmp_path):
-    save_rank_state({"x": torch.zeros(1)}, {}, tmp_path, 0, 2)
+    save_rank_state({"x": torch.zeros(1)}, RunManifest.of(build_config("smoke")), tmp_path, 0, 2)
     with pytest.raises(ValueError, match="written by 2 workers; this run has 1"):
         load_rank_state(tmp_path, 0, 1)
+
+
+def test_the_manifest_round_trips_through_its_folder_a_checkpoint_and_the_worker_argument(tmp_path):
+    """One manifest, written once in the run's folder, carried in every checkpoint file and handed to every
+    Ray Train worker (pickled, inside the typed WorkerArgs): the same value everywhere, and the same config."""
+    import json
+    import pickle
+    from functools import partial
+
+    from mocolab.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_manifest
+    from mocolab.storage import Location
+    from mocolab.train.launch import _loop
+    from mocolab.train.session import WorkerArgs
+
+    cfg = _cfg(tmp_path, **{"run.name": "round-trip", "moco.m": 0.9})
+    manifest = RunManifest.of(cfg)
+    assert (manifest.name, manifest.format, manifest.config["moco.m"]) == ("round-trip", FORMAT_VERSION, 0.9)
+    folder = Location(str(tmp_path / "runs" / "round-trip"))
+    assert read_manifest(folder, "round-trip") is None  # no run started here yet
+    write_manifest(folder, manifest)
+    assert read_manifest(folder, "round-trip") == manifest
+    assert json.loads((tmp_path / "runs" / "round-trip" / MANIFEST).read_text())["config"] == cfg.flatten()
+    save_rank_state({"step": torch.tensor(3)}, manifest, tmp_path / "ckpt", 0, 1)
+    state, saved = load_rank_state(tmp_path / "ckpt", 0, 1)
+    assert saved == manifest and int(state["step"]) == 3
+    args = WorkerArgs(manifest, folder.location, "sqlite:///x.db", "run-id", ray_train_info=False)
+    again = pickle.loads(pickle.dumps(partial(_loop, args)))  # what Ray ships to each worker
+    assert again.args == (args,) and again.args[0].config() == cfg
+
+
+def test_one_rule_decides_whether_an_attempt_continues_a_run(tmp_path):
+    """check_resume: fields a resume ignores may change; a field the record lacks is read at its default (a
+    field added since the run started), so it resumes there and nowhere else; another run format is refused
+    in one line whatever its config."""
+    from mocolab.config import ConfigMismatchError
+    from mocolab.manifest import OldRunFormat, check_resume
+
+    cfg = _cfg(tmp_path, **{"run.name": "rule"})
+    started = RunManifest.of(cfg)
+    check_resume(started, RunManifest.of(cfg.replace(**{"run.threads": 1, "run.max_failures": 5})), "run 'rule'", "-")
+    with pytest.raises(ConfigMismatchError, match=r"^run 'rule' was started with other settings.* moco.m: 0.99 -> 0.9"):
+        check_resume(started, RunManifest.of(cfg.replace(**{"moco.m": 0.9})), "run 'rule'", "-")
+    before_val_size = RunManifest("rule", {k: v for k, v in cfg.flatten().items() if k != "data.val_size"}, "")
+    check_resume(before_val_size, started, "run 'rule'", "-")
+    with pytest.raises(ConfigMismatchError, match=r"data.val_size: 0 -> 100"):
+        check_resume(before_val_size, RunManifest.of(cfg.replace(**{"data.val_size": 100})), "run 'rule'", "-")
+    for old, version in ((RunManifest("rule", {}, "", format=1, mocolab=""), "0.1.0"),
+                         (RunManifest("rule", started.config, "", format=3, mocolab="0.9.0"), "0.9.0")):
+        with pytest.raises(OldRunFormat) as info:
+            check_resume(old, started, "run 'rule' (runs/rule)", "--set run.name=<a new name>")
+        msg = str(info.value)
+        assert "\n" not in msg and msg.startswith(f"run 'rule' (runs/rule) was started by mocolab {version} "
+                                                  f"(run format {old.format}); ")
+        assert msg.endswith(f"finish it with mocolab {version}, or start fresh: --set run.name=<a new name>")
 
 
 def _metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -219,7 +274,7 @@ def test_a_bank_or_random_queue_resumes_bit_for_bit(tmp_path, over):
 
     def stop_at_19(tr: Trainer) -> None:
         if tr.step == 19:
-            save_rank_state(tr.state_dict(), cfg.to_dict(), tmp_path, 0, 1)
+            save_rank_state(tr.state_dict(), RunManifest.of(cfg), tmp_path, 0, 1)
             raise Interrupt
 
     with pytest.raises(Interrupt):

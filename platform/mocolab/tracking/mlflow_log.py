@@ -4,7 +4,9 @@ The driver owns the run's life (create or find it by name, params, tags,
 config artifact, FINISHED/FAILED); rank 0 of the workers logs metrics into it
 by id.  A resumed run finds its MLflow run by the tag ``mocolab.run_name``
 and skips metric steps it already logged, so a restart leaves no duplicate
-and no gap.
+and no gap.  The run's manifest is its params (the config) and three tags;
+read back (``recorded_manifest``), it meets the attempt's manifest in
+``manifest.check_resume``, the rule the run's folder and checkpoints obey too.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import json
 import yaml
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run
 
-from ..config import check_same_config
+from ..manifest import RunManifest, check_resume
 from ..sources import DatasetRecord
 from .source import source_tags
-from .store import PARENT_ID_TAG, RUN_NAME_TAG, Store, _quote
+from .store import FINGERPRINT_TAG, FORMAT_TAG, PARENT_ID_TAG, RUN_NAME_TAG, VERSION_TAG, Store, _quote
 
 MAX_BATCH = 1000  # metrics per log_batch call: MLflow's limit
 
@@ -50,13 +52,14 @@ class RunTracker:
                                        order_by=["attributes.start_time DESC"])
         return runs[0] if runs else None
 
-    def start(self, run_name: str, params: Mapping[str, Any], config: dict, tags: Mapping[str, str] | None = None,
+    def start(self, manifest: RunManifest, tags: Mapping[str, str] | None = None,
               parent_run_id: str | None = None, display_name: str | None = None) -> tuple[str, bool]:
         """(run id, resumed?): an unfinished run of this name is continued, never duplicated."""
+        run_name = manifest.name
         existing = self.find(run_name, parent_run_id)
         if existing is not None:
-            check_same_config(f"run '{run_name}' (MLflow run {existing.info.run_id})", existing.data.params, params,
-                              "--set run.name=<a new name>, or delete that MLflow run")
+            check_resume(recorded_manifest(existing), manifest, f"run '{run_name}' (MLflow run {existing.info.run_id})",
+                         "--set run.name=<a new name>, or delete that MLflow run")
             self.run_id = existing.info.run_id
             if existing.info.status != "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
@@ -64,13 +67,19 @@ class RunTracker:
         given = dict(tags or {})
         # MLflow's source/user tags: computed here unless the driver passed its own (a trial process's
         # argv and working folder are Ray's, not the user's)
-        all_tags = {RUN_NAME_TAG: run_name, **({} if "mlflow.source.name" in given else source_tags()), **given}
+        all_tags = {RUN_NAME_TAG: run_name, FORMAT_TAG: str(manifest.format), VERSION_TAG: manifest.mocolab,
+                    FINGERPRINT_TAG: manifest.fingerprint,
+                    **({} if "mlflow.source.name" in given else source_tags()), **given}
         if parent_run_id:
             all_tags[PARENT_ID_TAG] = parent_run_id
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=display_name or run_name)
+        # params: the config less its run's name, which MLflow holds as the run's own name: as a param it
+        # differs in every trial and becomes an axis of the compare page's parallel-coordinates plot
+        params = {k: v for k, v in manifest.config.items() if k != "run.name"}
         try:
             self.store.log_params(run.info.run_id, params)
-            self.store.log_texts(run.info.run_id, {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
+            self.store.log_texts(run.info.run_id, {"config.yaml": yaml.safe_dump(_sections(manifest.config),
+                                                                                 sort_keys=False)})
         except BaseException:
             # a run without all its params would be found again by name and refused as another config:
             # it goes (MLflow's delete keeps it in the trash), and the same command creates it whole
@@ -96,6 +105,22 @@ class RunTracker:
             return
         self.store.set_status(self.run_id, "interrupted" if killed else "failed",
                               mlflow_status="KILLED" if killed else "FAILED", reason=reason)
+
+
+def recorded_manifest(run: Run) -> RunManifest:
+    """The manifest an MLflow run holds: its params, and its tags for the rest."""
+    tags = run.data.tags
+    return RunManifest(tags.get(RUN_NAME_TAG, run.info.run_name), dict(run.data.params),
+                       tags.get(FINGERPRINT_TAG, ""), int(tags.get(FORMAT_TAG, "1")), tags.get(VERSION_TAG, ""))
+
+
+def _sections(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"moco.m": 0.99}`` -> ``{"moco": {"m": 0.99}}``: the config as its YAML form reads."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        section, _, name = key.partition(".")
+        out.setdefault(section, {})[name] = value
+    return out
 
 
 class MetricsLogger:

@@ -4,33 +4,35 @@
 Train's local mode (the loop runs in this process); W >= 1 are Ray workers
 with a gloo (CPU) or NCCL (GPU) process group.  The run's name fixes its
 storage folder, so running the same name again resumes from its latest
-checkpoint and continues the same MLflow run.
+checkpoint and continues the same MLflow run. The folder's manifest
+(manifest.py), written at the run's first start, is what every later attempt
+is compared with, as is the MLflow run's record, before any work.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from ..addresses import check_ray_address
 from ..interrupts import reassert
-from ..config import Config, check_same_config, fingerprint, validate, with_absolute_paths
+from ..config import Config, validate, with_absolute_paths
 from ..data_root import check_data
 from ..lock import NameLock
+from ..manifest import RunManifest, check_resume, read_manifest, write_manifest
 from ..tracking import RunTracker, TrackingUnreachable, check_tracking_uri, local_store_path, redact_text, redact_uri, resolve_tracking_uri
-from .checkpoint import LOCAL_CHECKPOINT
+from .checkpoint import local_checkpoints
 from .ray_output import quiet_driver_output
 from .resources import check_device, check_placement
-from .session import last_metrics
+from .session import WorkerArgs, last_metrics
 from .shipping import check_job_paths, check_nodes, code_runtime_env
 from ..storage import Location, is_uri
 
-CONFIG_RECORD = "config.json"  # beside a run's checkpoints: what the run was started with
-CHECKPOINT_DIR_TAG = "mocolab.checkpoint_dir"  # the run's folder (or URI): its checkpoints and config record
+CHECKPOINT_DIR_TAG = "mocolab.checkpoint_dir"  # the run's folder (or URI): its manifest and checkpoints
 CHECKPOINT_TAG = "mocolab.checkpoint"  # the latest checkpoint at the run's end: from the UI to the files
 
 
@@ -126,27 +128,25 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
         check_placement(workers, cfg.run.cpus_per_worker, cfg.run.gpus_per_worker, what=f"run '{name}'",
                         placement=cfg.run.placement)
     run_dir = storage.child(name)
+    manifest = RunManifest.of(cfg)
     with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
-        _check_resume(cfg, run_dir)
-        return _fit_locked(cfg, uri, run_dir, parent_run_id=parent_run_id, tags=tags, display_name=display_name,
-                           log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks,
-                           ray_train_info=ray_train_info,
-                           tune_local={"metric": tune_metric} if tune_trial and workers == 0 else None)
+        started = read_manifest(run_dir, name)
+        if started is not None:  # the same name with other settings, or of another run format: refused now
+            check_resume(started, manifest, f"run '{name}' ({run_dir})",
+                         f"--set run.name=<a new name>, or remove {run_dir} (and its MLflow run)")
+        return _fit_locked(cfg, manifest, uri, run_dir, record=started is None, parent_run_id=parent_run_id,
+                           tags=tags, display_name=display_name, log_to_mlflow=log_to_mlflow, progress=progress,
+                           callbacks=callbacks, ray_train_info=ray_train_info,
+                           tune_local=tune_trial and workers == 0, tune_metric=tune_metric)
 
 
-def _check_resume(cfg: Config, run_dir: Location) -> None:
-    """A run folder records its config; the same name with other settings is refused before any work."""
-    fresh = f"--set run.name=<a new name>, or remove {run_dir} (and its MLflow run)"
-    if run_dir.exists(CONFIG_RECORD):
-        check_same_config(f"run '{cfg.run_name}'", json.loads(run_dir.read_text(CONFIG_RECORD)), cfg.flatten(),
-                          fresh)
-    else:
-        run_dir.write_text(CONFIG_RECORD, json.dumps(cfg.flatten(), indent=1, default=str))
-
-
-def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str | None, tags: dict[str, str] | None,
-                display_name: str | None, log_to_mlflow: bool, progress: Callable[[str], None],
-                callbacks: list | None, ray_train_info: bool = True, tune_local: dict | None = None) -> TrainOutcome:
+def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location, *, record: bool,
+                parent_run_id: str | None, tags: dict[str, str] | None, display_name: str | None,
+                log_to_mlflow: bool, progress: Callable[[str], None], callbacks: list | None,
+                ray_train_info: bool = True, tune_local: bool = False,
+                tune_metric: str | None = None) -> TrainOutcome:
+    """``record``: the folder holds no manifest yet; it is written once MLflow has accepted the run too,
+    so a run refused there leaves no folder behind that claims it."""
     name, workers = cfg.run_name, cfg.run.num_workers
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -155,32 +155,28 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
     run_id, resumed = None, False
     if log_to_mlflow:
         tracker = RunTracker(uri, cfg.run.experiment)
-        # params: the config less its run's name, which MLflow holds as the run's own name: as a param it
-        # differs in every trial and becomes an axis of the compare page's parallel-coordinates plot
-        params = {k: v for k, v in cfg.flatten().items() if k != "run.name"}
-        run_id, resumed = tracker.start(
-            name, params, cfg.to_dict(),
-            tags={"preset": cfg.run.preset, "mocolab.config_fingerprint": fingerprint(cfg),
-                  CHECKPOINT_DIR_TAG: run_dir.location, **(tags or {})},
-            parent_run_id=parent_run_id, display_name=display_name)
+        run_tags = {"preset": cfg.run.preset, CHECKPOINT_DIR_TAG: run_dir.location, **(tags or {})}
+        run_id, resumed = tracker.start(manifest, tags=run_tags, parent_run_id=parent_run_id,
+                                        display_name=display_name)
         progress(f"MLflow: {'resuming' if resumed else 'created'} run {run_id} in experiment "
                  f"'{cfg.run.experiment}' at {redact_uri(uri)}")
+    if record:
+        write_manifest(run_dir, manifest)
+    args = WorkerArgs(manifest, run_dir.location, uri, mlflow_run_id=run_id, ray_train_info=ray_train_info,
+                      tune_local=tune_local, tune_metric=tune_metric)
     resources = {"CPU": cfg.run.cpus_per_worker}
     if cfg.run.gpus_per_worker:
         resources["GPU"] = cfg.run.gpus_per_worker
     def attempt():
         trainer = TorchTrainer(
-            _loop,
-            train_loop_config={"config": cfg.to_dict(), "mlflow_run_id": run_id, "tracking_uri": uri,
-                               "run_dir": run_dir.location, "ray_train_info": ray_train_info,
-                               "tune_local": tune_local},
+            partial(_loop, args),  # typed, where train_loop_config would be a dict
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
                                          resources_per_worker=resources if workers else None,
                                          placement_strategy=cfg.run.placement.upper()),
             run_config=RunConfig(name=name, storage_path=cfg.run.output_dir,
                                  failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),
-                                 callbacks=None if tune_local is not None else callbacks or None),
+                                 callbacks=None if tune_local else callbacks or None),
         )
         return trainer.fit()
 
@@ -199,18 +195,18 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
                 tracker.fail(redact_text(f"{type(err).__name__}: {err}", uri))
             raise
         except BaseException as err:  # Ctrl-C, SIGTERM: the run is closed as KILLED with the reason
-            if tune_local is not None and isinstance(err, SystemExit):
+            if tune_local and isinstance(err, SystemExit):
                 raise  # Tune stopping its trial (ASHA, --stop-after): the sweep closes the run, as for W >= 1
             if tracker is not None:
                 tracker.fail(f"interrupted ({type(err).__name__})", killed=True)
             raise
-    m = (last_metrics(run_dir.location) if tune_local is not None else result.metrics) or {}
+    m = (last_metrics(run_dir.location) if tune_local else result.metrics) or {}
     diverged = bool(m.get("diverged", 0.0))
     status = "diverged" if diverged else "finished"
     loss = m.get("final_loss")
-    if workers == 0:  # local mode: Ray's result names a temporary folder; the run keeps its own copy
-        checkpoint = (str(run_dir.child(LOCAL_CHECKPOINT)) if run_dir.exists(f"{LOCAL_CHECKPOINT}/rank0.pt")
-                      else None)
+    if workers == 0:  # local mode: Ray's result holds no checkpoint; the run's folder holds them
+        names = local_checkpoints(run_dir)
+        checkpoint = str(run_dir.child(names[-1])) if names else None
     else:
         checkpoint = result.checkpoint.path if result.checkpoint is not None else None
         if checkpoint and run_dir.remote:  # Ray gives the path inside the bucket: put the scheme back
@@ -230,7 +226,7 @@ def _fit_locked(cfg: Config, uri: str, run_dir: Location, *, parent_run_id: str 
                         int(m.get("steps", 0)), resumed, checkpoint, m.get("val_linear_top1"), m.get("val_knn_top1"))
 
 
-def _loop(config: dict) -> None:
+def _loop(args: WorkerArgs) -> None:
     from .worker import train_loop_per_worker  # imported in the worker process
 
-    train_loop_per_worker(config)
+    train_loop_per_worker(args)

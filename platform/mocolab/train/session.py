@@ -1,17 +1,41 @@
-"""Where a training loop's rank, device, checkpoint and reports come from: Ray Train's session, or Tune's.
+"""What a training loop is handed (``WorkerArgs``), and where its rank, device, checkpoint and reports come
+from: Ray Train's session, or Tune's.
 
 A sweep trial with W >= 1 starts Ray Train workers, and their reports reach Tune through
 ``TuneReportCallback``.  With W = 0 the loop runs in the trial's own process (Ray Train's local mode),
 where Ray refuses ``ray.train.*`` ("deprecated when running in a function passed to Ray Tune"): there the
 loop is rank 0 of 1, reports go to ``ray.tune.report`` directly (filtered as the callback filters them),
-and its checkpoint is the run folder's own copy (``LOCAL_CHECKPOINT``), as for ``mocolab train`` with W = 0.
+and its checkpoints are the run folder's own (``checkpoint.save_local``), as for ``mocolab train`` with W = 0.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from ..config import Config
+from ..manifest import RunManifest
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What the driver hands the training loop of every rank: plain data, pickled to each Ray Train worker.
+
+    ``manifest`` is this attempt's (its config may differ from the run's first attempt in the fields a
+    resume ignores); the loop compares it with the checkpoint's."""
+
+    manifest: RunManifest
+    run_dir: str  # the run's folder or URI (storage.Location): its checkpoints in local mode, unsent metrics
+    tracking_uri: str
+    mlflow_run_id: str | None = None  # None: the loop logs nothing
+    ray_train_info: bool = True  # False: Ray Train's INFO lines per report are dropped (no --verbose)
+    tune_local: bool = False  # a Tune trial's W = 0 loop: it reports to Tune itself (TuneLocalSession)
+    tune_metric: str | None = None  # that search's metric (reports without it are not sent); None for a grid
+
+    def config(self) -> Config:
+        return self.manifest.to_config()
 
 
 class Session(Protocol):
@@ -20,7 +44,7 @@ class Session(Protocol):
     def device(self, gpus_per_worker: float) -> torch.device: ...
 
     def checkpoint(self):
-        """Ray's checkpoint to resume from, or None (then the run folder's own copy, if any, is read)."""
+        """Ray's checkpoint to resume from, or None (in local mode the run folder's latest, if any, is read)."""
 
     def report(self, metrics: dict, checkpoint_dir: str | None) -> None: ...
 
@@ -71,7 +95,7 @@ class TuneLocalSession:
         return torch.device("cuda") if gpus_per_worker > 0 else torch.device("cpu")  # Tune set the visible GPU
 
     def checkpoint(self):
-        return None  # Tune's trial restarts read the run folder's copy
+        return None  # Tune's trial restarts read the run folder's latest
 
     def report(self, metrics: dict, checkpoint_dir: str | None) -> None:
         from ray import tune
@@ -81,11 +105,10 @@ class TuneLocalSession:
             tune.report(metrics)
 
 
-def session_for(loop_config: dict) -> Session:
-    """The session a loop started by ``launch.fit`` runs in (the driver says which in ``loop_config``)."""
-    tune_local = loop_config.get("tune_local")
-    if tune_local is not None:
-        return TuneLocalSession(tune_local.get("metric"), loop_config["run_dir"])
+def session_for(args: WorkerArgs) -> Session:
+    """The session a loop started by ``launch.fit`` runs in (the driver says which in ``args``)."""
+    if args.tune_local:
+        return TuneLocalSession(args.tune_metric, args.run_dir)
     return TrainSession()
 
 
@@ -94,4 +117,4 @@ def last_metrics(run_dir: str) -> dict:
     return _LAST_METRICS.pop(run_dir, {})
 
 
-__all__ = ["Session", "TrainSession", "TuneLocalSession", "last_metrics", "session_for"]
+__all__ = ["Session", "TrainSession", "TuneLocalSession", "WorkerArgs", "last_metrics", "session_for"]

@@ -3,7 +3,8 @@
 Ray enters in four places only, all through a ``Session`` (session.py): the
 rank, the device, the checkpoint on start, and a report with a checkpoint at
 every epoch end (and every ``run.checkpoint_every`` steps).
-Rank 0 logs to MLflow by run id; the driver owns the run's life.
+Rank 0 logs to MLflow by run id; the driver owns the run's life. What the driver hands every rank is
+a ``WorkerArgs`` (session.py): this attempt's manifest, the run's folder and the MLflow run.
 """
 
 from __future__ import annotations
@@ -18,36 +19,35 @@ import torch
 import torch.distributed as tdist
 
 from .. import dist as mdist
-from ..config import Config, check_same_config, from_dict
+from ..config import Config
 from ..data import DEFAULT_IMAGEFOLDER_SIZE
 from ..export import FeatureExtractor, ProbeClassifier
 from ..hardware import provenance
 from ..sources import TrainSource, choose_loader
 from ..loop import EpochRecord, Trainer, run_training
+from ..manifest import RunManifest, check_resume
 from ..tracking import MetricsLogger
 from ..tracking.models import CLASSIFIER, ENCODER, log_models
 from ..tracking.system import node_labels, start_monitor, stop_monitor
 from ..storage import Location
-from .checkpoint import LOCAL_CHECKPOINT, load_rank_state, save_rank_state
+from .checkpoint import load_rank_state, local_checkpoints, save_local, save_rank_state
 from .resources import PG_KEY, current_placement_group, threads_for, usable_cores
-from .session import Session, session_for
+from .session import Session, WorkerArgs, session_for
 from .stream import StreamSource
 
 
-def _report(session: Session, trainer: Trainer, config: dict, metrics: dict, keep: Location | None = None) -> None:
-    """Report metrics with a checkpoint.  Ray's local mode (W = 0) does not persist checkpoints,
-    so there the state is also kept in the run's folder (``keep``) for a later run of the same name."""
-    if keep is not None and not keep.remote:
-        save_rank_state(trainer.state_dict(), config, Path(keep.root) / LOCAL_CHECKPOINT, 0, 1)
-    elif keep is not None:  # a URI: written whole beside, then uploaded over the previous one
-        with tempfile.TemporaryDirectory() as tmp:
-            save_rank_state(trainer.state_dict(), config, tmp, 0, 1)
-            keep.put_dir(tmp, LOCAL_CHECKPOINT)
+def _report(session: Session, trainer: Trainer, manifest: RunManifest, metrics: dict,
+            keep: tuple[Location, int] | None = None) -> None:
+    """Report metrics with a checkpoint. Ray's local mode (W = 0) persists no checkpoint, so there the run's
+    folder keeps them (``keep``: the folder, how many) in Ray's layout, and the report carries none."""
+    if keep is not None:
+        save_local(keep[0], trainer.state_dict(), manifest, keep[1])
+        session.report(metrics, None)
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        save_rank_state(trainer.state_dict(), config, tmp, trainer.rank, trainer.world_size)
-        if keep is None:  # Ray Train workers: their placement group, which a sweep removes if Tune stops
-            metrics = {**metrics, PG_KEY: current_placement_group()}  # the trial (tune/release.py)
-        session.report(metrics, tmp)
+        save_rank_state(trainer.state_dict(), manifest, tmp, trainer.rank, trainer.world_size)
+        # Ray Train workers: their placement group, which a sweep removes if Tune stops the trial (tune/release.py)
+        session.report({**metrics, PG_KEY: current_placement_group()}, tmp)
 
 
 def _maybe_inject_fault(trainer: Trainer, fault_step: int, run_dir: Location, local: bool) -> None:
@@ -105,17 +105,17 @@ def worker_nodes() -> list[str]:
     return every
 
 
-def log_trained_models(trainer: Trainer, result, loop_config: dict) -> None:
+def log_trained_models(trainer: Trainer, result, args: WorkerArgs) -> None:
     """The encoder (images -> features) and the probe (images -> logits) as pt2 MLflow models of the run."""
 
     images, _ = next(iter(trainer.data.eval_split("test", 4)))
     example = images[:4].float().div(255.0)
     features = FeatureExtractor(trainer.evaluation.backbone_copy(), trainer.data.channels)
-    uris = log_models(loop_config["tracking_uri"], loop_config["mlflow_run_id"],
+    uris = log_models(args.tracking_uri, args.mlflow_run_id,
                       {ENCODER: features, CLASSIFIER: ProbeClassifier(features, result.probe)}, example,
                       step=result.steps)
     if uris:
-        print(f"MLflow: encoder logged as {uris[ENCODER]} (mocolab export {loop_config['mlflow_run_id']} --out DIR)")
+        print(f"MLflow: encoder logged as {uris[ENCODER]} (mocolab export {args.mlflow_run_id} --out DIR)")
 
 
 # metrics the tracking store did not take by the end of an attempt, beside the checkpoints, sent by the next
@@ -146,43 +146,31 @@ def open_source(cfg: Config, say=None) -> TrainSource | None:
     return None
 
 
-def train_loop_per_worker(loop_config: dict) -> None:
-    cfg = from_dict(loop_config["config"])
-    if not loop_config.get("ray_train_info", True):  # `mocolab train` without --verbose: Ray Train's INFO
+def train_loop_per_worker(args: WorkerArgs) -> None:
+    cfg = args.config()
+    if not args.ray_train_info:  # `mocolab train` without --verbose: Ray Train's INFO
         logging.getLogger("ray.train").setLevel(logging.WARNING)  # lines per report are dropped
     # Metric logging is best-effort (tracking.MetricsLogger buffers what a dead server refuses): fail a
     # request in seconds rather than after MLflow's default minutes of retries, unless the user chose.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-    if cfg.run.threads or cfg.run.num_workers > 0 or loop_config.get("tune_local") is not None:
+    if cfg.run.threads or cfg.run.num_workers > 0 or args.tune_local:
         # Ray sets OMP threads, not torch's: use the CPU share (a W = 0 trial's is its Tune process's),
         # never more threads than the cores this process may run on
         torch.set_num_threads(cfg.run.threads or min(threads_for(cfg.run.cpus_per_worker), usable_cores()))
-    session = session_for(loop_config)
+    session = session_for(args)
     memory = MemoryWatch()
     trainer = Trainer(cfg, device=session.device(cfg.run.gpus_per_worker),
                       source=open_source(cfg, say=print if session.world_rank() == 0 else None))
-    checkpoint = session.checkpoint()
-    run_dir = Location(loop_config["run_dir"])  # a folder or a URI (storage.py)
-    state = saved = None
-    if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
-            state, saved = load_rank_state(folder, trainer.rank, trainer.world_size)
-    elif cfg.run.num_workers == 0 and run_dir.exists(f"{LOCAL_CHECKPOINT}/rank0.pt"):
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(run_dir.root) / LOCAL_CHECKPOINT if not run_dir.remote else Path(tmp)
-            if run_dir.remote:
-                run_dir.get_dir(LOCAL_CHECKPOINT, tmp)
-            state, saved = load_rank_state(folder, 0, 1)
-    if state is not None:  # the driver checked the run's record; the checkpoint itself must agree too
-        check_same_config(f"checkpoint of run '{cfg.run_name}'", from_dict(saved).flatten(), cfg.flatten(),
-                          "--set run.name=<a new name>")
+    run_dir = Location(args.run_dir)  # a folder or a URI (storage.py)
+    state = _resume_state(session, trainer, run_dir, args.manifest, local=cfg.run.num_workers == 0)
+    if state is not None:
         trainer.load_state_dict(state)
 
     logger = None
-    if trainer.is_main and loop_config.get("mlflow_run_id"):
-        logger = MetricsLogger(loop_config["tracking_uri"], loop_config["mlflow_run_id"])
+    if trainer.is_main and args.mlflow_run_id:
+        logger = MetricsLogger(args.tracking_uri, args.mlflow_run_id)
     if logger is not None and run_dir.exists(UNSENT_METRICS):  # what the store missed last time, first
         if logger.take_back(run_dir.read_text(UNSENT_METRICS)):
             run_dir.delete(UNSENT_METRICS)
@@ -199,20 +187,43 @@ def train_loop_per_worker(loop_config: dict) -> None:
             logger.set_tag("mocolab.worker_nodes", ",".join(nodes))
     labels, leaders = node_labels(nodes)
     monitor = None
-    if loop_config.get("mlflow_run_id") and leaders[trainer.rank]:  # one monitor per node, on its first rank
-        monitor = start_monitor(loop_config["tracking_uri"], loop_config["mlflow_run_id"], cfg.run.system_metrics_s,
-                                labels[trainer.rank])
+    if args.mlflow_run_id and leaders[trainer.rank]:  # one monitor per node, on its first rank
+        monitor = start_monitor(args.tracking_uri, args.mlflow_run_id, cfg.run.system_metrics_s, labels[trainer.rank])
     try:
-        _train(cfg, trainer, loop_config, logger, run_dir, memory, session)
+        _train(cfg, trainer, args, logger, run_dir, memory, session)
     finally:
         stop_monitor(monitor)
 
 
-def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogger | None, run_dir: Location,
+def _resume_state(session: Session, trainer: Trainer, run_dir: Location, manifest: RunManifest,
+                  local: bool) -> dict | None:
+    """The trainer state this rank resumes from (None: a fresh start): Ray's checkpoint, else in local mode
+    the run folder's latest. The driver compared the run's records before any work; the checkpoint is
+    compared too, by the same rule, since it is what the state comes from."""
+    checkpoint = session.checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            state, saved = load_rank_state(folder, trainer.rank, trainer.world_size)
+            where = f"run '{manifest.name}' (checkpoint {folder})"
+    elif local and (names := local_checkpoints(run_dir)):
+        where = f"run '{manifest.name}' (checkpoint {run_dir.child(names[-1])})"
+        if not run_dir.remote:
+            state, saved = load_rank_state(Path(run_dir.root) / names[-1], 0, 1)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                run_dir.get_dir(names[-1], tmp)
+                state, saved = load_rank_state(tmp, 0, 1)
+    else:
+        return None
+    check_resume(saved, manifest, where, "--set run.name=<a new name>")
+    return state
+
+
+def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogger | None, run_dir: Location,
            memory: MemoryWatch, session: Session) -> None:
     """From the first step (or the restored one) to the final report."""
     every = cfg.run.checkpoint_every
-    keep = run_dir if cfg.run.num_workers == 0 else None
+    keep = (run_dir, cfg.run.keep_checkpoints) if cfg.run.num_workers == 0 else None
 
     memory.sample()
     warm_step = trainer.step + WARM_STEPS
@@ -226,7 +237,7 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
         _maybe_inject_fault(tr, cfg.run.fault_step, run_dir, local=cfg.run.num_workers == 0)
         sched = tr.schedule
         if every and tr.step % every == 0 and tr.step % sched.steps_per_epoch and tr.step < sched.total_steps:
-            _report(session, tr, loop_config["config"], {"step": tr.step, "epoch": tr.epoch}, keep)
+            _report(session, tr, args.manifest, {"step": tr.step, "epoch": tr.epoch}, keep)
 
     last_diagnostics: dict = {}
     drift: dict[int, tuple[list, list]] = {}  # epoch -> its probes' ages and drift cosines, for the run's plot
@@ -246,7 +257,7 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
                 probes = rec.diagnostics.get("probes")
                 if probes:
                     drift[rec.epoch] = (probes["age"], probes["drift_cos"])
-        _report(session, trainer, loop_config["config"], {**metrics, "epoch": rec.epoch}, keep)
+        _report(session, trainer, args.manifest, {**metrics, "epoch": rec.epoch}, keep)
 
     memory.sample()
     result = run_training(cfg, trainer=trainer, on_epoch=on_epoch, on_step=on_step,
@@ -280,5 +291,5 @@ def _train(cfg: Config, trainer: Trainer, loop_config: dict, logger: MetricsLogg
             print(f"MLflow: the tracking store did not take {logger.lost} batch(es) of metrics; they are kept in "
                   f"{run_dir.child(UNSENT_METRICS).location} and the same command sends them")
         if result.probe is not None and cfg.run.log_models:  # a finished run: its encoder and probe as models
-            log_trained_models(trainer, result, loop_config)
-    _report(session, trainer, loop_config["config"], final, keep)
+            log_trained_models(trainer, result, args)
+    _report(session, trainer, args.manifest, final, keep)
