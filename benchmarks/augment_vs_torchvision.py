@@ -9,7 +9,7 @@ p 0.5, then normalisation), two views per image. These are the sides:
 
 - mocolab's ``TwoViews`` on a uint8 batch;
 - the same with kornia's own RandomResizedCrop, which crops image by image
-  (what mocolab ran before issue 15);
+  (the per-image crop that the batched crop replaces);
 - torchvision ``transforms.v2`` on each image's uint8 tensor;
 - torchvision on each PIL image, the classic ``Dataset.__getitem__``
   pipeline.
@@ -83,7 +83,7 @@ def main() -> None:
           f"{torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch}, {args.batches} timed batches")
     figures = {
         "mocolab TwoViews (batched)": rate(ours, batches),
-        "mocolab before issue 15 (kornia's per-image crop)": rate(before, batches),
+        "mocolab with kornia's per-image crop": rate(before, batches),
         "torchvision v2, per image tensor": rate(per_tensor, batches),
         "torchvision v2, per PIL image": rate(per_pil, batches),
     }
