@@ -163,7 +163,7 @@ def log_transfer(result: TransferResult, records: list, *, experiment: str = EXP
     if source_experiment is None and ref.run_id and store.run_exists(ref.run_id):  # an export of this store's run
         source_experiment = store.client.get_experiment(store.client.get_run(ref.run_id).info.experiment_id).name
     tags = {STATUS_TAG: "finished", SOURCE_TAG: str(ref.path or ref.source), DATA_TAG: result.config.data.name,
-            **source_tags(),
+            **source_tags(tracking_uri=store.uri),
             **({SOURCE_RUN_TAG: ref.run_id} if ref.run_id else {}),
             **({SOURCE_EXPERIMENT_TAG: source_experiment} if source_experiment else {}),
             **({SOURCE_MODEL_TAG: ref.model_uri} if ref.model_uri else {}),

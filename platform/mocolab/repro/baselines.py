@@ -77,7 +77,7 @@ def _find(store: Store, exp_id: str, name: str, kind: str, seed: int | None):
 
 def _log(store: Store, exp_id: str, name: str, cfg: Config, b: Baseline) -> None:
     device = resolve_device(cfg.run.device)
-    tags = {SET_TAG: name, KIND_TAG: b.kind, STATUS_TAG: "finished", **source_tags(),
+    tags = {SET_TAG: name, KIND_TAG: b.kind, STATUS_TAG: "finished", **source_tags(tracking_uri=store.uri),
             **provenance(device, resolve_precision(cfg.run.precision, device))}
     run = store.client.create_run(exp_id, tags=tags, run_name=_run_name(name, b.kind, b.seed))
     rid = run.info.run_id

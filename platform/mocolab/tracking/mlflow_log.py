@@ -69,7 +69,7 @@ class RunTracker:
         # argv and working folder are Ray's, not the user's)
         all_tags = {RUN_NAME_TAG: run_name, FORMAT_TAG: str(manifest.format), VERSION_TAG: manifest.mocolab,
                     FINGERPRINT_TAG: manifest.fingerprint,
-                    **({} if "mlflow.source.name" in given else source_tags()), **given}
+                    **({} if "mlflow.source.name" in given else source_tags(tracking_uri=self.store.uri)), **given}
         if parent_run_id:
             all_tags[PARENT_ID_TAG] = parent_run_id
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=display_name or run_name)

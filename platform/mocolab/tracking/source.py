@@ -16,7 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .uri import local_store_path
+
 DIRTY_TAG = "mocolab.source.git.dirty"  # MLflow has no standard tag for uncommitted changes
+CHANGED_TAG = "mocolab.source.git.changed"  # which tracked files differ from the commit, when some do
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -32,12 +35,15 @@ def _repo_root(start: Path) -> Path | None:
     return Path(top) if top else None
 
 
-def source_tags(entry: str | None = None) -> dict[str, str]:
+def source_tags(entry: str | None = None, tracking_uri: str | None = None) -> dict[str, str]:
     """``mlflow.source.{name,type,git.commit,git.branch,git.repoURL}``, ``mlflow.user`` and a dirty flag.
 
     The repository is the one the command runs in (the working folder, as a user runs a study from their
     checkout), else the one this package was installed from. ``entry``: the script or command, by
-    default ``sys.argv[0]``, named relative to the repository when it lies inside it.
+    default ``sys.argv[0]``, named relative to the repository when it lies inside it. ``tracking_uri``:
+    the store the tags go to. A store committed in the repository (the
+    reproduction's ``results/runs.db``) changes as the run writes to it; that is the run's output, not
+    its code, so it does not make the checkout dirty. The files that do are named in a tag.
     """
     entry = entry or (sys.argv[0] if sys.argv and sys.argv[0] else "python")
     root = _repo_root(Path.cwd()) or _repo_root(Path(__file__).resolve().parent)
@@ -59,8 +65,13 @@ def source_tags(entry: str | None = None) -> dict[str, str]:
         commit = _git(["rev-parse", "HEAD"], root)
         if commit:
             tags["mlflow.source.git.commit"] = commit
-            status = _git(["status", "--porcelain", "--untracked-files=no"], root)
-            tags[DIRTY_TAG] = "unknown" if status is None else str(bool(status)).lower()
+            # tracked files that differ from the commit, staged or not
+            diff = _git(["diff", "--name-only", "HEAD", "--", ".", *_exclude(tracking_uri, root)], root)
+            tags[DIRTY_TAG] = "unknown" if diff is None else str(bool(diff)).lower()
+            if diff:
+                changed = diff.splitlines()
+                tags[CHANGED_TAG] = ", ".join(changed[:20]) + (f" and {len(changed) - 20} more"
+                                                               if len(changed) > 20 else "")
         branch = _git(["rev-parse", "--abbrev-ref", "HEAD"], root)
         if branch and branch != "HEAD":
             tags["mlflow.source.git.branch"] = branch
@@ -71,6 +82,18 @@ def source_tags(entry: str | None = None) -> dict[str, str]:
     if job:
         tags["ray_job_id"] = job
     return tags
+
+
+def _exclude(tracking_uri: str | None, root: Path) -> list[str]:
+    """git's pathspec leaving out the store's own file or folder, where it lies in the repository."""
+    store = local_store_path(tracking_uri) if tracking_uri else None
+    if not store:
+        return []
+    try:
+        inside = Path(store).resolve().relative_to(root.resolve())
+    except ValueError:
+        return []
+    return [f":(exclude){inside}"]
 
 
 def _user() -> str:

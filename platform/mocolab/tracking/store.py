@@ -194,7 +194,7 @@ class SweepRun:
             store.client.update_run(run_id, status="RUNNING")
             return cls(store, exp_id, run_id, True)
         all_tags = {SWEEP_TAG: name, PARENT_TAG: name, "mlflow.note.content": description,
-                    **({} if "mlflow.source.name" in tags else source_tags()), **tags}
+                    **({} if "mlflow.source.name" in tags else source_tags(tracking_uri=store.uri)), **tags}
         run = store.client.create_run(exp_id, tags=all_tags, run_name=name)
         store.log_params(run.info.run_id, params)
         return cls(store, exp_id, run.info.run_id, False)

@@ -170,7 +170,7 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
 
     ensure_ray(log_to_driver=sweep.verbose)
     # MLflow's source tags, once, in this driver (a trial's argv and folder are Ray's), Ray's job id included
-    sweep = dataclasses.replace(sweep, source=sweep.source or source_tags())
+    sweep = dataclasses.replace(sweep, source=sweep.source or source_tags(tracking_uri=sweep.tracking_uri))
     if not sweep.verbose:
         quiet_tune()
         progress(f"Ray's own output (Tune's tables, the workers' logs) is in {ray_logs_dir()}; --verbose prints it "
