@@ -122,6 +122,14 @@ def test_the_committed_document_and_readme_table_regenerate_from_the_committed_c
         assert (REPO / "docs" / "figures" / figure.name).is_file()
     # every study's CSV the document reads is one the plan names
     assert {p.stem for p in (REPO / "results").glob("*.csv")} <= {s.name for s in STUDIES}
+    # the ablations' accuracies beside the paper's are shown only where they are generated: no other page
+    # (benchmarks/RESULTS.md, docs/, README outside its generated table) holds such a table copied by hand
+    outside = readme.split(HEADLINE_BEGIN)[0] + readme.split(HEADLINE_END)[-1]
+    pages = {"README.md": outside, **{str(p.relative_to(REPO)): p.read_text()
+                                      for p in [*(REPO / "docs").glob("*.md"), REPO / "benchmarks" / "RESULTS.md"]
+                                      if p.name != "REPRODUCTION.md"}}
+    copied = [name for name, text in pages.items() if "paper (ImageNet)" in text]
+    assert not copied, f"a table beside the paper's numbers outside the generated ones: {copied}"
 
 
 @pytest.mark.slow
