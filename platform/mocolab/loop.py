@@ -240,7 +240,9 @@ class Trainer:
                 return res.loss, 0.0, 0.0, True
             st.add(res.loss, res.pretext_acc, images.shape[0] * self.world_size)
             if self.records_step(self.step):
-                st.add_series(self.step, {"m": res.m, **res.monitored})
+                # the epoch's means hide what a step shows: BN's cheating and m = 0's collapse happen within an epoch
+                st.add_series(self.step, {"m": res.m, "step_loss": res.loss, "step_pretext_acc": res.pretext_acc,
+                                          **res.monitored})
             st.seconds = time.perf_counter() - t0
             if on_step is not None:
                 on_step(self)

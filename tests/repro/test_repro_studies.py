@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import statistics
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from mocolab.analysis.stats import holm, paired
-from mocolab.repro.document import not_run, study_family, study_section, write
+from mocolab.repro.document import _pretext_curves, not_run, study_family, study_section, write
 from mocolab.repro.export import EXPERIMENTS, _order, arm_of
 from mocolab.repro.plan import STUDIES, study
 
@@ -36,6 +37,10 @@ def test_every_new_study_runs_the_arms_its_script_makes_and_is_found_by_the_expo
     assert q.command("bf16", 1)[-1] == "--grid" and "--momenta" not in q.command("bf16", 1)
     assert set(study("bn-cpu-quick").arms) == {"plain", "groups", "split"}
     assert study("bn-cpu-quick").command("bf16", 1)[-2:] == ["--what", "bn"]
+    ranks = study("bn-ranks-cpu-quick")
+    assert set(ranks.arms) == {"plain", "groups", "split", "shuffle"} and ranks.reference == "shuffle"
+    line = ranks.command("bf16", 1)
+    assert line[line.index("--workers-per-trial") + 1] == "2" and line[-2:] == ["--what", "bn"]
     neg = study("negatives-cpu-full")
     assert list(neg.arms) == list(settings([0.999])) and neg.command("bf16", 1)[-2:] == ["--momenta", "0.999"]
     versions = study("versions-vit-quick")
@@ -96,6 +101,18 @@ def test_the_generic_section_tables_every_arm_beside_the_baselines_and_holm_corr
     claim = next(line for line in text.splitlines() if line.startswith("- *one BN over the whole batch"))
     assert "**reproduced**" in claim and "Holm p" in claim
     assert "The paper gives no accuracy for the unshuffled model." in text
+    # with the trials' curves, the second panel is pretext accuracy over training, one line per arm
+    history = pd.DataFrame([{"study": s.name, "arm": arm, "seed": seed, "metric": "step_pretext_acc", "step": step,
+                             "value": 0.5 + 0.01 * step * (arm != "split")}
+                            for arm in arms for seed in range(3) for step in (10, 20, 30)])
+    _, drawn = study_section(s, frame, tmp_path / "curves", "figures", history)
+    assert drawn.stat().st_size > 10_000 and drawn.read_bytes() != figure.read_bytes()
+    fig, ax = plt.subplots()
+    _pretext_curves(ax, history, list(arms))
+    assert [line.get_label() for line in ax.get_lines()] == ["plain (3 seeds)", "groups (3 seeds)", "split (3 seeds)"]
+    assert list(ax.get_lines()[0].get_xdata()) == [10, 20, 30] and "per step" in ax.get_ylabel()
+    assert list(ax.get_lines()[2].get_ydata()) == [50.0, 50.0, 50.0]
+    plt.close(fig)
     # a study whose reference has not run yet states it, and tests nothing against it
     text, _ = study_section(s, frame[frame["arm"] != "split"], tmp_path, "figures")
     assert "the reference arm `split` has no finished run yet" in text and "**not yet tested**" in text

@@ -67,7 +67,8 @@ def _sweep(uri: str, name: str, arms: dict[float, list[float]], precision: dict[
             log.set_tag("mocolab.precision", precision.get((m, seed), "bf16"))
             log.set_tag("mocolab.torch", "2.14.1")
             lost = m == 0
-            log.log({"pretext_acc": 0.01 if lost else 0.6}, 10)
+            log.log({"pretext_acc": 0.01 if lost else 0.6}, 10,
+                    series={"step_pretext_acc": [[5, 0.3], [10, 0.01 if lost else 0.6]]})
             log.log_final({"linear_top1": linear, "knn_top1": linear - 0.1,
                            "final_loss": 7.0 if lost else 3.0}, 10)  # ln(1 + 1024) = 6.93
             child.finish("finished")
@@ -91,6 +92,10 @@ def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_cl
     assert list(frame["arm"][:4]) == ["raw-pixels", "random-init", "random-init", "random-init"]
     assert len(frame) == 4 + 15 and set(frame["status"]) == {"finished"}
     assert sorted(frame.loc[frame["arm"] == "0.99", "linear_top1"]) == [0.87, 0.8722, 0.8752]
+    curves = pd.read_csv(tmp_path / "results" / "history" / f"{s.name}.csv", dtype={"arm": str})
+    assert len(curves) == 15 * 3 and set(curves["metric"]) == {"pretext_acc", "step_pretext_acc"}
+    assert list(curves.loc[(curves["arm"] == "0") & (curves["seed"] == 0), "step"]) == [10, 5, 10]
+    assert list(curves["arm"].drop_duplicates()) == ["0", "0.9", "0.99", "0.999", "0.9999"]  # the plan's order
 
     doc = tmp_path / "docs" / "REPRODUCTION.md"
     out = write(tmp_path / "results", doc, tmp_path / "docs" / "figures")
@@ -159,6 +164,12 @@ def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_
     assert sorted(frame["arm"]) == ["0", "0.99", "random-init", "raw-pixels"]
     assert set(frame["status"]) == {"finished"} and set(frame["precision"]) == {"fp32"}
     assert (frame.loc[frame["arm"] == "0", "linear_top1"] > 0.1).all()
+    # a real trial's curves: the epochs' means and the per-step series, every step of its 4
+    curves = pd.read_csv(tmp_path / "results" / "history" / "repro-test.csv", dtype={"arm": str})
+    for arm in ("0", "0.99"):
+        steps = curves[(curves["arm"] == arm) & (curves["metric"] == "step_pretext_acc")]["step"]
+        assert list(steps) == [1, 2, 3, 4], (arm, list(steps))
+        assert {"loss", "pretext_acc", "step_loss"} <= set(curves.loc[curves["arm"] == arm, "metric"])
 
 
 def test_the_reproduction_keeps_its_runs_in_the_committed_store_unless_told_otherwise(tmp_path, monkeypatch):

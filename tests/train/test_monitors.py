@@ -135,5 +135,7 @@ def test_the_trainer_calls_each_monitors_hooks_in_step_order_and_keeps_their_ser
 
     assert recorder.calls == [*step(0, False), *step(1, True), *step(2, False), *step(3, True), ("end_epoch", 4, True)]
     series = tr.last_epoch_series
-    assert list(series) == ["m", GRAD_NORM_FIRST, "recorded"]  # the momentum first, then each monitor's
+    # the step's own momentum, loss and pretext accuracy first, then each monitor's
+    assert list(series) == ["m", "step_loss", "step_pretext_acc", GRAD_NORM_FIRST, "recorded"]
+    assert all(0.0 <= acc <= 1.0 for _, acc in series["step_pretext_acc"]) and series["step_loss"][0][1] > 0
     assert series["recorded"] == [[2.0, 1.0], [4.0, 1.0]] and [s for s, _ in series["m"]] == [2.0, 4.0]

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 
 from ..analysis.stats import Comparison, fmt_p, holm, interval, paired  # noqa: E402
 from ..studies.momentum_plots import PAPER_MOMENTUM  # noqa: E402
-from .plan import LABEL, STUDIES, Study  # noqa: E402
+from .plan import HISTORY, LABEL, STUDIES, Study  # noqa: E402
 
 ALPHA = 0.05
 # "m = 0 fails", fixed before the runs: every seed of m = 0 meets all three.
@@ -345,8 +345,11 @@ def study_family(study: Study, frame: pd.DataFrame) -> list[tuple[str, Compariso
 _METRIC = {"linear_top1": "linear", "knn_top1": "kNN", "pretext_acc": "pretext"}
 
 
-def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str) -> tuple[str, Path]:
-    """(the section of a study whose arms are any config field's values or a script's settings, its figure)."""
+def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
+                  history: pd.DataFrame | None = None) -> tuple[str, Path]:
+    """(the section of a study whose arms are any config field's values or a script's settings, its figure).
+    ``history``: the trials' curves (``results/history/<study>.csv``), drawn where the study reads pretext
+    accuracy."""
     frame = frame.assign(arm=frame["arm"].astype(str))
     arms = _arms(study, frame)
     init = {m: _by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
@@ -372,7 +375,7 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
                  f"{fmt_p(c.p_holm)} | {c.verdict(ALPHA)} |" for m, c in family]
     tested = sum(not math.isnan(c.p) for _, c in family)
     paper, claims = _paper(study)
-    figure = _study_figure(study, frame, arms, fig_dir / f"{study.name}.png")
+    figure = _study_figure(study, frame, arms, fig_dir / f"{study.name}.png", history)
     what = f"`{study.by}`" if study.by != LABEL else f"the settings of `{study.script}`"
     pairing = ("paired by seed: seed s of every arm sees the same batches, but the recipes build different "
                "networks" if study.baseline_sets else
@@ -443,7 +446,8 @@ def _claims(study: Study, family: list[tuple[str, Comparison]], claims) -> list[
     return out or ["- The paper states no claim this study tests; the table and tests above are the finding."]
 
 
-def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
+def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path,
+                  history: pd.DataFrame | None = None) -> Path:
     pretext = study.by in PRETEXT_NOTE
     fig, axes = plt.subplots(1, 2 if pretext else 1, figsize=(11 if pretext else 7, 4.2), dpi=110, squeeze=False)
     ax = axes[0][0]
@@ -473,7 +477,9 @@ def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path
     ax.set_title(study.title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
-    if pretext:
+    if pretext and history is not None and len(history):
+        _pretext_curves(axes[0][1], history, arms)
+    elif pretext:
         bx = axes[0][1]
         means, err = _arm_bars(frame, arms, "pretext_acc")
         bx.bar(x, [0.0 if math.isnan(v) else v for v in means], 0.6, color="C2", capsize=3, yerr=err)
@@ -486,6 +492,27 @@ def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path
     fig.savefig(path, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def _pretext_curves(ax, history: pd.DataFrame, arms: list[str]) -> None:
+    """Pretext accuracy against the training step, one line per arm (mean over seeds, the band their range):
+    the per-step series where the runs logged one, else the epochs' means."""
+    metric = "step_pretext_acc" if (history["metric"] == "step_pretext_acc").any() else "pretext_acc"
+    curves = history[history["metric"] == metric]
+    for i, arm in enumerate(arms):
+        per_step = curves[curves["arm"] == arm].groupby("step")["value"]
+        if not len(per_step):
+            continue
+        mean, lo, hi = (100 * per_step.mean(), 100 * per_step.min(), 100 * per_step.max())
+        ax.plot(mean.index, mean.values, color=f"C{i}", label=f"{arm} ({curves[curves['arm'] == arm]['seed'].nunique()} "
+                f"seeds)", marker="." if len(mean) < 30 else None)
+        ax.fill_between(mean.index, lo.values, hi.values, color=f"C{i}", alpha=0.15, linewidth=0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("pretext accuracy (%)" + (", per step" if metric == "step_pretext_acc" else ", epoch mean"))
+    ax.set_title("Pretext (instance discrimination) accuracy over training: mean over seeds, band = range",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def write(results: Path, doc: Path, fig_dir: Path) -> Written:
@@ -502,7 +529,9 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
             text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel)
             headlines.append(headline)
         else:
-            text, figure = study_section(study, frame, fig_dir, fig_rel)
+            curves = results / HISTORY / f"{study.name}.csv"
+            history = pd.read_csv(curves, dtype={"arm": str}) if curves.is_file() else None
+            text, figure = study_section(study, frame, fig_dir, fig_rel, history)
         sections.append(text)
         figures.append(figure)
     markdown = "\n".join([

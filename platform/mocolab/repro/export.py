@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
 from .baselines import EXPERIMENT as BASELINES, KIND_TAG, SET_TAG
-from .plan import LABEL, Study, word
+from .plan import HISTORY, LABEL, Study, word
 
 COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
            "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",
@@ -21,11 +21,16 @@ EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation", "queue_ablation.py":
                "augmentation_ablation.py": "augmentation-ablation", "negatives_ablation.py": "negatives-ablation",
                "vit_ablation.py": "vit-ablation"}
 SEED_SUFFIX = re.compile(r"\s*seed=-?\d+$")
+# The curves over training, long form: the epoch means every run logs and the per-step series where a run has them
+HISTORY_COLUMNS = ["study", "arm", "seed", "metric", "step", "value"]
+HISTORY_METRICS = ("loss", "pretext_acc", "step_loss", "step_pretext_acc")
 
 
 def export(study: Study, store: Store, out_dir: Path) -> Path | None:
-    """Write ``out_dir/<study>.csv``; None (and nothing written) when the store has no run of the study."""
-    rows = _trials(study, store) + _baselines(study, store)
+    """Write ``out_dir/<study>.csv`` (one row per run) and ``out_dir/history/<study>.csv`` (its trials' curves);
+    None (and nothing written) when the store has no run of the study."""
+    trials = _trial_runs(study, store)
+    rows = [_trial_row(study, run, arm, t) for run, arm, t in trials] + _baselines(study, store)
     if not rows:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -34,6 +39,15 @@ def export(study: Study, store: Store, out_dir: Path) -> Path | None:
         ["arm", "seed"], key=lambda col: _order(col, order)).reset_index(drop=True)
     path = out_dir / f"{study.name}.csv"
     frame.to_csv(path, index=False, float_format="%.6g")
+    curves = [{"study": study.name, "arm": arm, "seed": int(t["params.run.seed"]), "metric": key, "step": p.step,
+               "value": p.value}
+              for run, arm, t in trials for key in HISTORY_METRICS
+              for p in store.client.get_metric_history(run.info.run_id, key)]
+    if curves:
+        history = pd.DataFrame(curves, columns=HISTORY_COLUMNS).sort_values(
+            ["arm", "seed", "metric", "step"], key=lambda col: _order(col, order)).reset_index(drop=True)
+        (out_dir / HISTORY).mkdir(exist_ok=True)
+        history.to_csv(out_dir / HISTORY / f"{study.name}.csv", index=False, float_format="%.6g")
     return path
 
 
@@ -41,6 +55,8 @@ def _order(col: pd.Series, order: dict[str, int]) -> pd.Series:
     if col.name == "arm":  # baselines first, then the arms in the plan's order, then any other by its text
         baseline = {"raw-pixels": -2, "random-init": -1}
         return col.map(lambda a: baseline.get(a, order.get(a, len(order)))).astype(float)
+    if col.name == "metric":
+        return col
     return col.astype(float).fillna(-1)
 
 
@@ -58,7 +74,8 @@ def _common(run) -> dict:
             "device": tags.get("mocolab.device", ""), "run_id": run.info.run_id}
 
 
-def _trials(study: Study, store: Store) -> list[dict]:
+def _trial_runs(study: Study, store: Store) -> list[tuple]:
+    """(MLflow run, its arm, its row of ``trials_frame``) for every trial of the study's sweep."""
     exp_id = store.experiment_id(EXPERIMENTS[study.script])
     if exp_id is None:
         return []
@@ -66,17 +83,15 @@ def _trials(study: Study, store: Store) -> list[dict]:
     if not parents:
         return []
     runs = store.runs(exp_id, parent_run_id=parents[0].info.run_id)
-    frame = trials_frame(runs)
-    rows = []
-    for run, (_, t) in zip(runs, frame.iterrows()):
-        m = run.data.metrics
-        rows.append({"study": study.name, "arm": arm_of(study, t),
-                     "seed": int(t["params.run.seed"]), "status": t["status"],
-                     "linear_top1": t["linear_top1"], "knn_top1": t["knn_top1"], "final_loss": t["final_loss"],
-                     "pretext_acc": m.get("pretext_acc", math.nan), "queue_size": t.get("params.queue.size"),
-                     "ema_half_life": t["ema_half_life"], "max_staleness_bound": t["max_staleness_bound"],
-                     "data": t["data"], **_common(run)})
-    return rows
+    return [(run, arm_of(study, t), t) for run, (_, t) in zip(runs, trials_frame(runs).iterrows())]
+
+
+def _trial_row(study: Study, run, arm: str, t: pd.Series) -> dict:
+    return {"study": study.name, "arm": arm, "seed": int(t["params.run.seed"]), "status": t["status"],
+            "linear_top1": t["linear_top1"], "knn_top1": t["knn_top1"], "final_loss": t["final_loss"],
+            "pretext_acc": run.data.metrics.get("pretext_acc", math.nan), "queue_size": t.get("params.queue.size"),
+            "ema_half_life": t["ema_half_life"], "max_staleness_bound": t["max_staleness_bound"],
+            "data": t["data"], **_common(run)}
 
 
 def _baselines(study: Study, store: Store) -> list[dict]:

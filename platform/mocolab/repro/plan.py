@@ -8,6 +8,7 @@ from typing import Union
 
 Value = Union[float, int, str]
 LABEL = "label"  # ``Study.by`` when the arm is the trial's label less its seed (a script's named settings)
+HISTORY = "history"  # results/history/<study>.csv: the trials' curves over training, beside results/<study>.csv
 
 
 def word(value: Value) -> str:
@@ -26,7 +27,8 @@ class Study:
     ``flag``: the script's flag that takes the values as a comma-separated list, or None when the script
     chooses its arms from switches in ``extra`` (``--grid``, ``--what bn``).  ``reference``: the arm every
     other is tested against in the write-up.  ``baseline_sets``: ``--set`` values for the baselines alone
-    (where the preset's encoder is not the one the arms train).
+    (where the preset's encoder is not the one the arms train).  ``workers``: Ray Train workers per trial (0:
+    one process per trial, two trials at a time on two cores; 2: one two-rank trial at a time).
     """
 
     name: str
@@ -40,6 +42,7 @@ class Study:
     extra: tuple[str, ...] = field(default=())  # more flags of the script; its --set values reach the baselines
     reference: str = ""
     baseline_sets: tuple[str, ...] = field(default=())
+    workers: int = 0
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -59,7 +62,7 @@ class Study:
         rest = [a for i, a in enumerate(self.extra) if a != "--set" and (i == 0 or self.extra[i - 1] != "--set")]
         values = [self.flag, ",".join(self.arms)] if self.flag else []
         return ["experiments/" + self.script, "--preset", self.preset, *values, "--seeds", str(self.seeds),
-                "--name", self.name, "--workers-per-trial", "0", *sets, *rest]
+                "--name", self.name, "--workers-per-trial", str(self.workers), *sets, *rest]
 
 
 MOMENTA = (0.0, 0.9, 0.99, 0.999, 0.9999)
@@ -67,6 +70,8 @@ MOMENTA = (0.0, 0.9, 0.99, 0.999, 0.9999)
 # to half the 60,000 training images): log-spaced from 256 to 16,384, the preset's own K and the largest valid.
 QUEUE_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 BN_MODES = ("plain", "groups", "split")
+# on two ranks the cross-rank shuffle of the paper joins them (augmentation_ablation.py adds it from W = 2)
+BN_MODES_RANKS = ("plain", "groups", "split", "shuffle")
 # negatives_ablation.py's settings at --momenta 0.999: the four sources, the queue's two at the paper's m
 NEGATIVES = ("in batch", "memory bank", "queue fifo m=0.999", "queue random m=0.999")
 # vit_ablation.py --compare-versions: each version's own recipe (head, tau, augmentation, optimiser)
@@ -83,6 +88,9 @@ STUDIES: tuple[Study, ...] = (
     Study("bn-cpu-quick", "augmentation_ablation.py", "cpu-quick", "moco.bn", BN_MODES, 3, None,
           "Batch norm: the cheating that shuffling BN prevents, cpu-quick budget", extra=("--what", "bn"),
           reference="split"),
+    Study("bn-ranks-cpu-quick", "augmentation_ablation.py", "cpu-quick", "moco.bn", BN_MODES_RANKS, 3, None,
+          "Batch norm on two ranks: the paper's cross-rank shuffle beside the unshuffled arms, cpu-quick budget",
+          extra=("--what", "bn"), reference="shuffle", workers=2),
     # The memory bank writes each entry once an epoch: at cpu-quick's 3 epochs its pretext accuracy stayed at
     # 0 % and its loss above a uniform guess (benchmarks/RESULTS.md, "Sources of negatives"). cpu-full's 10
     # epochs give every entry 10 writes, the plan's longest budget; every source trains as long.
