@@ -107,6 +107,10 @@ def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_cl
     tie = next(line for line in text.splitlines() if line.startswith("- *m = 0.9999 ≈ m = 0.999*"))
     assert "**consistent**" in tie
     assert "mixed: these runs are not comparable" in text  # one trial in fp32 among bf16 ones
+    # kNN 77 to 77.5 against random-init's 74: 3 to 3.5 points, under the bar of 5; linear 4 points over pixels
+    plain = text.split("### Is learning plain at this budget?\n\n")[1].splitlines()[0]
+    assert plain.startswith("- **not met** so far (3 of 5 planned seeds finished) (") and "0 of 3 seeds; kNN margin over random-init +3.00 to +3.52" in plain
+    assert "linear margin over raw pixels +4.00 to +4.52 points" in plain
     assert f"| 0.99 | 3 | {100 * statistics.mean(arms[0.99]):.2f} ± {100 * statistics.stdev(arms[0.99]):.2f} [" in text
     readme = f"intro\n{HEADLINE_BEGIN}\nold\n{HEADLINE_END}\nrest\n"
     new = replace_headline(readme, out.headline)
