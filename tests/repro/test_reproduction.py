@@ -101,6 +101,7 @@ def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_cl
     out = write(tmp_path / "results", doc, tmp_path / "docs" / "figures")
     text = doc.read_text()
     assert out.figures and out.figures[0].stat().st_size > 10_000 and "![" in text
+    assert f"Right: each arm's pretext accuracy over training, from `results/history/{s.name}.csv`." in text
     assert "*m = 0 fails*" in text and "3 of 3 seeds fail" in text
     claim = next(line for line in text.splitlines() if line.startswith("- *m = 0.9 < m = 0.99*"))
     assert "**reproduced**" in claim

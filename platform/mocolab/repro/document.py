@@ -104,8 +104,9 @@ def _provenance(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
-def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str) -> tuple[str, str, Path]:
-    """(the study's section, README's headline table, the figure)."""
+def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
+                     history: pd.DataFrame | None = None) -> tuple[str, str, Path]:
+    """(the study's section, README's headline table, the figure); ``history`` as for ``study_section``."""
     arms = [a for a in frame["arm"].unique() if a not in ("random-init", "raw-pixels")]
     arms = sorted(arms, key=float)
     init = {m: _by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
@@ -143,7 +144,7 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
     claims = _momentum_claims(frame, family, init["linear_top1"], study.seeds)
     plain = _learning_is_plain(frame, init["knn_top1"], study.seeds)
 
-    figure = _momentum_figure(frame, arms, fig_dir / f"{study.name}.png")
+    figure = _momentum_figure(frame, arms, fig_dir / f"{study.name}.png", history)
     text = "\n".join([
         f"## {study.title}",
         "",
@@ -160,6 +161,8 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         "",
         f"![{study.title}]({fig_rel}/{figure.name})",
         "",
+        *([f"Right: each arm's pretext accuracy over training, from `results/{HISTORY}/{study.name}.csv`.", ""]
+          if history is not None and len(history) else []),
         "Top-1 accuracy in %: mean ± std over seeds [95 % t-interval]; Δ: paired difference from the random-init "
         "encoder of the same seed [95 % interval]. The EMA half-life (ln 0.5 / ln m, in steps) is true by "
         "construction, not measured.",
@@ -292,8 +295,12 @@ def _raw_pixels_line(ax, frame: pd.DataFrame) -> None:
         ax.axhline(100 * float(pix.iloc[0]), color="gray", linestyle="--", label="linear probe on raw pixels")
 
 
-def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path, history: pd.DataFrame | None = None) -> Path:
+    """Accuracy against 1 − m beside the baselines; with the trials' curves, pretext accuracy over training
+    beside it (where m = 0's failure shows)."""
+    curves = history is not None and len(history)
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12.5 if curves else 7, 4.2), dpi=110, squeeze=False)
+    ax = axes[0][0]
     x = [1.0 - float(a) for a in arms]
     for metric, label, marker, color in METRICS:
         means, err = _arm_bars(frame, arms, metric)
@@ -307,6 +314,8 @@ def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path) -> Path:
     ax.set_title("Momentum ablation: accuracy against the key encoder's momentum")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: no point hidden
+    if curves:
+        _pretext_curves(axes[0][1], history, arms, prefix="m = ")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -525,7 +534,7 @@ def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path
     return path
 
 
-def _pretext_curves(ax, history: pd.DataFrame, arms: list[str]) -> None:
+def _pretext_curves(ax, history: pd.DataFrame, arms: list[str], prefix: str = "") -> None:
     """Pretext accuracy against the training step, one line per arm (mean over seeds, the band their range):
     the per-step series where the runs logged one, else the epochs' means."""
     metric = "step_pretext_acc" if (history["metric"] == "step_pretext_acc").any() else "pretext_acc"
@@ -535,15 +544,23 @@ def _pretext_curves(ax, history: pd.DataFrame, arms: list[str]) -> None:
         if not len(per_step):
             continue
         mean, lo, hi = (100 * per_step.mean(), 100 * per_step.min(), 100 * per_step.max())
-        ax.plot(mean.index, mean.values, color=f"C{i}", label=f"{arm} ({curves[curves['arm'] == arm]['seed'].nunique()} "
-                f"seeds)", marker="." if len(mean) < 30 else None)
+        seeds = curves[curves["arm"] == arm]["seed"].nunique()
+        ax.plot(mean.index, mean.values, color=f"C{i}", label=f"{prefix}{arm} ({_seeds(seeds)})",
+                marker="." if len(mean) < 30 else None)
         ax.fill_between(mean.index, lo.values, hi.values, color=f"C{i}", alpha=0.15, linewidth=0)
     ax.set_xlabel("training step")
     ax.set_ylabel("pretext accuracy (%)" + (", per step" if metric == "step_pretext_acc" else ", epoch mean"))
-    ax.set_title("Pretext (instance discrimination) accuracy over training: mean over seeds, band = range",
+    ax.set_title("Pretext (instance discrimination) accuracy over training\nmean over seeds, band: their range",
                  fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def _ended(history: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The curves of the trials that ended (finished or diverged): a running trial's would be half a curve."""
+    ended = frame[frame["status"].isin(["finished", "diverged"])]
+    keys = set(zip(ended["arm"].astype(str), ended["seed"]))
+    return history[[(a, s) in keys for a, s in zip(history["arm"].astype(str), history["seed"])]]
 
 
 def write(results: Path, doc: Path, fig_dir: Path) -> Written:
@@ -556,12 +573,12 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
             sections.append(not_run(study))
             continue
         frame = pd.read_csv(path, dtype={"arm": str, "commit": str})
+        curves = results / HISTORY / f"{study.name}.csv"
+        history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":
-            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel)
+            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history)
             headlines.append(headline)
         else:
-            curves = results / HISTORY / f"{study.name}.csv"
-            history = pd.read_csv(curves, dtype={"arm": str}) if curves.is_file() else None
             text, figure = study_section(study, frame, fig_dir, fig_rel, history)
         sections.append(text)
         figures.append(figure)
