@@ -184,7 +184,10 @@ def test_the_reproduction_keeps_its_runs_in_the_committed_store_unless_told_othe
     assert repro_store(None, tmp_path) == f"sqlite:///{tmp_path / 'runs.db'}"
     assert repro_store("http://mlflow:5000", tmp_path) == "http://mlflow:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
-    assert repro_store(None, tmp_path) == "sqlite:///elsewhere.db"
+    monkeypatch.chdir(tmp_path)  # a relative store is where the user stands, not where the studies run
+    assert repro_store(None, "results") == f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert repro_store(None, "results") == f"sqlite:///{tmp_path / 'results' / 'runs.db'}"
 
 
 CHILD = """

@@ -8,7 +8,6 @@ instead of mixing precisions.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -30,8 +29,9 @@ def repro_store(tracking_uri: str | None, results: str | Path) -> str:
     one; the store is committed beside the CSV files it exports, so that ``mocolab repro`` on a fresh clone
     finds the trials that finished elsewhere (a grid resumes from MLflow) and runs only the rest.
     """
-    explicit = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    return explicit or f"sqlite:///{(Path(results) / STORE).resolve()}"
+    from ..tracking import resolve_tracking_uri
+
+    return resolve_tracking_uri(tracking_uri, default=Path(results) / STORE)
 
 
 def resolve_precision(name: str) -> str:

@@ -74,12 +74,13 @@ def local_store_path(uri: str) -> str | None:
     return uri
 
 
-def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """``explicit``, else $MLFLOW_TRACKING_URI, else ``sqlite:///<cwd>/mlflow.db``; local paths made absolute."""
+def resolve_tracking_uri(explicit: str | None = None, default: str | os.PathLike[str] = "mlflow.db") -> str:
+    """``explicit``, else $MLFLOW_TRACKING_URI, else a sqlite file at ``default`` (relative to this folder);
+    local paths made absolute."""
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return absolute_uri(uri)
-    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    return f"sqlite:///{(Path.cwd() / default).resolve()}"
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
