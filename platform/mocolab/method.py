@@ -2,7 +2,7 @@
 
 A ``Method`` is an ``nn.Module`` whose ``forward(x1, x2, index)`` takes two
 augmented views of the batch and returns a ``MethodOutput``; beyond that it
-answers the questions loop.py used to answer by asking which class it held:
+answers what the trainer would otherwise learn by asking which class it holds:
 is there a key encoder (whose momentum the schedule sets), a dictionary (whose
 ages and drift the diagnostics follow), which encoder writes it, what goes in
 a checkpoint, and how to describe it in one line.  Four methods implement it:
