@@ -196,6 +196,9 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         "|---|---|---|---|---|---|",
         *head,
         "",
+        *claims,
+        plain,
+        "",
         # README sits at the repository's root, the figures in docs/figures (where `mocolab repro` writes them)
         f"![{study.name}: top-1 against 1 − m, beside the random-init encoder and raw pixels]"
         f"(docs/figures/{figure.name})",
@@ -213,14 +216,16 @@ def _learning_is_plain(frame: pd.DataFrame, init_knn: dict[int, float], planned:
             f"{100 * PLAIN_KNN:.0f} kNN points and the raw-pixel linear probe by ≥ {100 * PLAIN_LINEAR:.0f} linear "
             f"points, in every seed")
     if not seeds or not len(pixels):
-        return f"- Not yet measured ({rule}): no finished seed of m = {PLAIN_ARM} beside its baselines."
+        return f"- *Learning is plain at this budget* ({rule}): **not yet measured** — no finished seed of " \
+               f"m = {PLAIN_ARM} beside its baselines."
     knn_margin = [arm[s] - init_knn[s] for s in seeds]
     linear_margin = [linear[s] - float(pixels.mean()) for s in seeds]
     met = sum(k >= PLAIN_KNN and lin >= PLAIN_LINEAR for k, lin in zip(knn_margin, linear_margin))
     verdict = "**met**" if met == len(seeds) else "**not met**"
     if len(seeds) < planned:
         verdict += f" so far ({len(seeds)} of {planned} planned seeds finished)"
-    return (f"- {verdict} ({rule}): {met} of {len(seeds)} seeds; kNN margin over random-init "
+    return (f"- *Learning is plain at this budget* ({rule}): {verdict} — {met} of {len(seeds)} seeds; kNN margin "
+            f"over random-init "
             f"{100 * min(knn_margin):+.2f} to {100 * max(knn_margin):+.2f} points, linear margin over raw pixels "
             f"{100 * min(linear_margin):+.2f} to {100 * max(linear_margin):+.2f} points.")
 
