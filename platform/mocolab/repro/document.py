@@ -545,12 +545,12 @@ def _pretext_curves(ax, history: pd.DataFrame, arms: list[str], prefix: str = ""
     metric = "step_pretext_acc" if (history["metric"] == "step_pretext_acc").any() else "pretext_acc"
     curves = history[history["metric"] == metric]
     for i, arm in enumerate(arms):
-        per_step = curves[curves["arm"] == arm].groupby("step")["value"]
-        if not len(per_step):
+        own = curves[curves["arm"] == arm]
+        if not len(own):
             continue
+        per_step = own.groupby("step")["value"]
         mean, lo, hi = (100 * per_step.mean(), 100 * per_step.min(), 100 * per_step.max())
-        seeds = curves[curves["arm"] == arm]["seed"].nunique()
-        ax.plot(mean.index, mean.values, color=f"C{i}", label=f"{prefix}{arm} ({_seeds(seeds)})",
+        ax.plot(mean.index, mean.values, color=f"C{i}", label=f"{prefix}{arm} ({_seeds(own['seed'].nunique())})",
                 marker="." if len(mean) < 30 else None)
         ax.fill_between(mean.index, lo.values, hi.values, color=f"C{i}", alpha=0.15, linewidth=0)
     ax.set_xlabel("training step")

@@ -80,7 +80,7 @@ def resolve_tracking_uri(explicit: str | None = None, default: str | os.PathLike
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return absolute_uri(uri)
-    return f"sqlite:///{(Path.cwd() / default).resolve()}"
+    return f"sqlite:///{os.path.abspath(Path.cwd() / default)}"  # ".." folded, symlinks left as they are
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
