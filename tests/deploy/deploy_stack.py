@@ -41,6 +41,7 @@ STUDY = ["python", "experiments/momentum_ablation.py", "--preset", "smoke", "--m
          "--set", "run.checkpoint_every=4", "--set", "run.max_failures=3", "--set", "eval.knn_bank=1024",
          "--set", "eval.knn_test=500", "--set", "eval.linear_train=1024", "--set", "eval.linear_steps=20"]
 TIMES: dict[str, float] = {}
+ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def _missing(what: str) -> None:
@@ -165,6 +166,10 @@ class Stack:
         return _run([str(BIN / "ray"), "job", args[0], "--address", f"http://127.0.0.1:{self.dash}", *args[1:]],
                     timeout=timeout, env=self.client_env, check=False)
 
+    def job_status(self) -> str:
+        """The submitted job's status from the job API (the CLI prints it in words, not the state)."""
+        return _http(f"http://127.0.0.1:{self.dash}/api/jobs/deploytest-momentum", token=self.token)[1]["status"]
+
     def mlflow_api(self, path: str, data: dict):
         return _http(f"http://127.0.0.1:{self.mlflow}/api/2.0/mlflow/{path}", data=data)[1]
 
@@ -214,14 +219,19 @@ def test_compose_stack_runs_a_study_through_node_loss_and_keeps_its_runs(stack):
             metrics = {m["key"] for m in r["data"].get("metrics", [])}
             if "loss" in metrics and r["info"]["status"] == "RUNNING":
                 return r
-        status = stack.ray("status", "deploytest-momentum").stdout
-        if "FAILED" in status or "SUCCEEDED" in status:
+        status = stack.job_status()
+        if status in ENDED:
             pytest.fail(f"the job ended before the kill: {status}\n{stack.ray('logs', 'deploytest-momentum').stdout[-6000:]}")
         return None
 
     trial = _wait("the trial's first logged epoch", trial_training, 1800, every=5)
     TIMES["submit to the trial's first epoch"] = round(time.time() - submitted, 1)
-    victim = workers[0]
+    # the node that holds the trial's driver (Tune's actor, which owns the Ray Train run): the loss
+    # that Ray Train's own restarts cannot mend, and the sweep must
+    hosts = [w for w in workers if _run(["podman", "exec", w, "sh", "-c", "grep -qs '^ray::ImplicitFunc' "
+                                         "/proc/[0-9]*/cmdline"], timeout=60, check=False).returncode == 0]
+    assert len(hosts) == 1, f"the trial's driver is not on exactly one worker: {hosts}"
+    victim = hosts[0]
     _run(["podman", "kill", victim], timeout=120)
     killed_at = time.time()
     # compose's restart policy brings the node back; a node that stays down is started as a fresh one
@@ -230,13 +240,15 @@ def test_compose_stack_runs_a_study_through_node_loss_and_keeps_its_runs(stack):
         _run(["podman", "start", victim], timeout=300)
 
     def ended():
-        out = stack.ray("status", "deploytest-momentum").stdout
-        return next((s for s in ("SUCCEEDED", "FAILED", "STOPPED") if s in out), None)
+        status = stack.job_status()
+        return status if status in ENDED else None
 
     final = _wait("the study's end", ended, 2400, every=10)
     TIMES["kill to study end"] = round(time.time() - killed_at, 1)
-    logs = stack.ray("logs", "deploytest-momentum").stdout
+    job_logs = stack.ray("logs", "deploytest-momentum")
+    logs = job_logs.stdout + job_logs.stderr
     assert final == "SUCCEEDED", logs[-8000:]
+    assert "the trial's process was lost" in logs, logs[-8000:]  # the sweep ran it again, from its checkpoint
 
     # the runs are rows in PostgreSQL: the trial finished, its epochs logged once each across the restart
     rows = stack.sql("select run_uuid, status, name from runs order by start_time")

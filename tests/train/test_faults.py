@@ -416,6 +416,45 @@ def test_a_study_killed_with_sigkill_mid_trial_resumes_with_the_same_command(tmp
         assert _logged_once(client, r.info.run_id, "loss")
 
 
+def _trial_driver(study_pid: int):
+    """The Tune actor process a study's trial runs in (Tune's class for a function trainable)."""
+    import psutil
+
+    below = psutil.Process(study_pid).children(recursive=True)
+    titles = {p.pid: " ".join(p.cmdline()) for p in below if p.is_running()}
+    found = [p for p in below if titles.get(p.pid, "").startswith("ray::ImplicitFunc")]
+    assert len(found) == 1, f"no single trial driver among the study's processes: {sorted(titles.values())}"
+    return found[0]
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_trial_whose_process_dies_is_run_again_from_its_checkpoint_into_its_one_run(tmp_path):
+    """What a node lost under a trial's driver does (`make test-deploy` kills such a node): Ray Train's
+    restarts cannot bring back the controller that makes them; the study runs the trial again itself."""
+    proc = subprocess.Popen(_study_cmd("--momenta", "0.99", workers=1), cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = _until(proc, "] epoch ")
+        _trial_driver(proc.pid).kill()
+        rest, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = seen + rest
+    assert proc.returncode == 0, out[-4000:]
+    assert "m=0.99 seed=0: the trial's process was lost" in out and "(1/2, run.max_failures)" in out, out[-4000:]
+    assert "sweep: 1/1 trials done" in out, out[-4000:]  # the lost attempt is not counted as a trial
+    uri = f"sqlite:///{tmp_path / 'rel.db'}"
+    client = MlflowClient(uri)
+    runs = _runs(uri, "momentum-ablation")
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert [r.data.tags["trial"] for r in children] == ["m=0.99 seed=0"], "one run for the trial"
+    assert "linear_top1" in children[0].data.metrics
+    assert _logged_once(client, children[0].info.run_id, "m") == list(range(1, 25))  # every step once
+
+
 @pytest.mark.slow
 @needs_fmnist
 def test_mocolab_train_killed_with_sigkill_resumes_into_its_one_run(tmp_path):

@@ -52,6 +52,7 @@ class SweepProgress(Callback):
         self.started: dict[str, float] = {}
         self.epoch: dict[str, int] = {}
         self.done: dict[str, str] = {}  # trial id -> outcome
+        self.failed: dict[str, str] = {}  # trial id -> label, of the trials that failed
         self.last_line = 0.0
 
     def __getstate__(self) -> dict:
@@ -99,10 +100,16 @@ class SweepProgress(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.done[trial.trial_id] = "failed"
+        self.failed[trial.trial_id] = label = trial_label(trial.config, trial.trial_id)
         where = getattr(trial, "path", None) or getattr(trial, "local_path", None) or "its Tune folder"
-        self.say(f"[{trial_label(trial.config, trial.trial_id)}] failed: Tune's error.txt is in {where}")
+        self.say(f"[{label}] failed: Tune's error.txt is in {where}")
         self.say(self.line(trials))
         self.changed(force=True)
+
+    def retrying(self, labels: set[str]) -> None:
+        """Trials run again after their process was lost: their failed attempt no longer counts as done."""
+        for trial_id in [t for t, label in self.failed.items() if label in labels and t in self.done]:
+            del self.done[trial_id]
 
     def changed(self, force: bool = False) -> None:
         """The live report (``--watch``): rewritten when a trial ends, else at most every change_every_s.

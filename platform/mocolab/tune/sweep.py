@@ -33,6 +33,7 @@ from ..train import fit
 from ..train.launch import ensure_ray
 from ..train.resources import TRIAL_DRIVER_CPUS, check_device, check_placement, node_capacities, threads_for
 from ..train.shipping import check_job_paths
+from .lost import lost_trials
 from .progress import SweepProgress
 from .release import ReleaseEndedTrials
 from .search import build_scheduler, build_searcher, tune_space
@@ -203,6 +204,7 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
         try:
             tuner = _tuner(sweep, parent, conc, cpus, stop, lines, progress)
             grid = tuner.fit() if tuner is not None else None
+            grid = _rerun_lost(grid, sweep, parent, conc, cpus, stop, lines, progress)
         except BaseException as err:  # Ctrl-C, SIGTERM, an error: close every run, keep the sweep resumable
             _close_interrupted(parent, err)
             raise
@@ -259,9 +261,27 @@ def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
     parent.set_status(status, mlflow_status=mlflow_status, reason=f"{reason}; run the same command again to resume")
 
 
+def _rerun_lost(grid: Any, sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None,
+                lines: SweepProgress, progress: Callable[[str], None]) -> Any:
+    """Run a grid's trials whose process was lost (a node died) again, from their checkpoints and into
+    their MLflow runs, as the same command would: up to ``run.max_failures`` times. Trials that failed
+    by raising are left failed. Tune's results of the last round are returned."""
+    limit = build_config(sweep.preset, sweep.base_overrides).run.max_failures
+    for round_ in range(1, limit + 1):
+        lost = lost_trials(grid) if sweep.search == "grid" else []
+        if not lost or (stop is not None and stop.stop_all()):
+            break
+        progress(f"{'; '.join(lost)}: the trial's process was lost (its node died, or it was killed); running "
+                 f"it again from its latest checkpoint ({round_}/{limit}, run.max_failures)")
+        tuner = _tuner(sweep, parent, conc, cpus, stop, lines, progress, only=set(lost))
+        grid = tuner.fit() if tuner is not None else None
+    return grid
+
+
 def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None, lines: SweepProgress,
-           progress: Callable[[str], None]):
-    """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials); None if all done."""
+           progress: Callable[[str], None], only: set[str] | None = None):
+    """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials, or of those
+    the ``only`` ones); None if all done."""
     callbacks = [lines, ReleaseEndedTrials(progress)]
     verbose = 1 if sweep.verbose else 0
     resources = {"CPU": TRIAL_DRIVER_CPUS}
@@ -296,14 +316,17 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
     # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
     # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
     done = parent.done_labels()
-    remaining = [t for t in sweep.trials if t.label not in done]
-    if done:
+    remaining = [t for t in sweep.trials if t.label not in done and (only is None or t.label in only)]
+    if done and only is None:
         progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
     if not remaining:
         return None
     attempt = 1 + sum(1 for n in Location(tune_path).children() if n.startswith("attempt-"))
     space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
-    lines.total = len(remaining)
+    if only is None:
+        lines.total = len(remaining)
+    else:
+        lines.retrying(only)
     # reuse_actors: a trial's process spends seconds importing torch, MLflow and mocolab; the next trial
     # starts in the process of one that returned instead (its own config, seed, data, model and MLflow run
     # all the same). Only a grid: there a trial's actor is kept only once its function has returned (Tune

@@ -1,0 +1,36 @@
+"""Trials whose process was lost under them, told apart from trials that failed.
+
+A grid trial runs in a Tune actor (its driver) that starts the trial's Ray
+Train run. When the node holding that actor dies, or the process is killed,
+Ray Train's own restarts cannot help: they restart workers, and it is their
+controller that is gone. Tune then records the trial as errored with Ray's
+error for a lost actor, not with an exception the training raised. Such a
+trial is what running the same command again is for, and the sweep does that
+itself: the trial's checkpoint and MLflow run are where it left them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.exceptions import (LocalRayletDiedError, NodeDiedError, OwnerDiedError, RayActorError, RayTaskError,
+                            WorkerCrashedError)
+
+LOST = (RayActorError, NodeDiedError, WorkerCrashedError, OwnerDiedError, LocalRayletDiedError)
+
+
+def is_lost_process(err: BaseException | None) -> bool:
+    """Whether ``err`` says the trial's process (or the Train controller it waited on) died, rather than
+    that the training raised: Ray's error itself, or one the trial's function got and passed on. A run
+    whose Ray Train restarts were used up fails with Ray Train's error and is not run again."""
+    if isinstance(err, LOST):
+        return True
+    return isinstance(err, RayTaskError) and isinstance(err.cause, LOST)
+
+
+def lost_trials(grid: Any) -> list[str]:
+    """Labels of a grid's trials (a Tune ResultGrid) that ended because their process was lost."""
+    if grid is None:
+        return []
+    return [r.config["trial"]["label"] for r in grid
+            if r.error is not None and is_lost_process(r.error) and "trial" in (r.config or {})]
