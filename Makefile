@@ -128,8 +128,8 @@ test-durations: setup-test chromium peers
 # The container path run for real (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
 # from Debian where apt-get works and we are root (podman-compose comes with the dev extra); a stand-in for
 # the Ray image built once from Debian's packages (no image registry needed); docker/Dockerfile built on it;
-# docker/compose.yaml up with a study submitted, a worker killed, `down` and `up` again. Half an hour on
-# two cores the first time (the stand-in base is cached, in podman's images, after that).
+# docker/compose.yaml up with a study submitted, the worker holding its trial killed, `down` and `up` again.
+# About 20 min on two cores the first time, 7 after (the stand-in base is cached, in podman's images).
 # DEPLOY_NICE: it yields the CPU and the disk to anything else running (empty: full speed).
 DEPLOY_NICE ?= nice -n 19 ionice -c3
 test-deploy: setup-test

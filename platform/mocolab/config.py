@@ -162,7 +162,7 @@ class RunConfig:
     # a finished run logs its encoder and probe as MLflow models (a torch.export each, seconds on a CPU); a
     # sweep of many trials may leave them out and keep only its checkpoints
     log_models: bool = True
-    max_failures: int = 2  # worker restarts from the latest checkpoint before the run fails
+    max_failures: int = 2  # restarts from the latest checkpoint (of its workers, or a lost trial) before it fails
     fault_step: int = 0  # testing: one worker exits at this step on the first attempt (0 = never)
 
 

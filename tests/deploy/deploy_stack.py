@@ -1,13 +1,13 @@
 """docker/: the image built and the compose stack run for real, with podman (`make test-deploy`).
 
 Not collected by `make test` (the file name is not test_*.py): it builds images and runs five
-containers for half an hour on two cores. `make test-deploy` runs it by name.
+containers (7 min on two cores, about 20 the first time). `make test-deploy` runs it by name.
 
 What runs: docker/Dockerfile built on a local stand-in for the Ray image (docker/standin/: no image
 registry is reachable here; only the base differs from what a user builds); docker/compose.yaml with
 podman-compose: Ray head, two Ray workers, MLflow on PostgreSQL, Ray token auth. Then, as
-docker/README.md shows, a tiny momentum study submitted through the job API; one worker container killed
-while the trial trains (node loss); the study must finish, its MLflow runs must be rows in PostgreSQL,
+docker/README.md shows, a tiny momentum study submitted through the job API; the worker container that
+holds the trial's driver killed while the trial trains (node loss); the study must finish, its MLflow runs must be rows in PostgreSQL,
 and `down` then `up` must keep them.
 """
 
