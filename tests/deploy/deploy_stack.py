@@ -7,8 +7,8 @@ What runs: docker/Dockerfile built on a local stand-in for the Ray image (docker
 registry is reachable here; only the base differs from what a user builds); docker/compose.yaml with
 podman-compose: Ray head, two Ray workers, MLflow on PostgreSQL, Ray token auth. Then, as
 docker/README.md shows, a tiny momentum study submitted through the job API; the worker container that
-holds the trial's driver killed while the trial trains (node loss); the study must finish, its MLflow runs must be rows in PostgreSQL,
-and `down` then `up` must keep them.
+holds the trial's driver killed while the trial trains (node loss); the study must finish, its MLflow
+runs must be rows in PostgreSQL, and `down` then `up` must keep them.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ STUDY = ["python", "experiments/momentum_ablation.py", "--preset", "smoke", "--m
          "--set", "eval.knn_test=500", "--set", "eval.linear_train=1024", "--set", "eval.linear_steps=20"]
 TIMES: dict[str, float] = {}
 ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+JOB = "deploytest-momentum"  # the study's submission id
 
 
 def _missing(what: str) -> None:
@@ -168,7 +169,7 @@ class Stack:
 
     def job_status(self) -> str:
         """The submitted job's status from the job API (the CLI prints it in words, not the state)."""
-        return _http(f"http://127.0.0.1:{self.dash}/api/jobs/deploytest-momentum", token=self.token)[1]["status"]
+        return _http(f"http://127.0.0.1:{self.dash}/api/jobs/{JOB}", token=self.token)[1]["status"]
 
     def mlflow_api(self, path: str, data: dict):
         return _http(f"http://127.0.0.1:{self.mlflow}/api/2.0/mlflow/{path}", data=data)[1]
@@ -208,7 +209,7 @@ def test_compose_stack_runs_a_study_through_node_loss_and_keeps_its_runs(stack):
     assert refused.value.code == 401
 
     submitted = time.time()
-    sub = stack.ray("submit", "--no-wait", "--submission-id", "deploytest-momentum", "--", *STUDY)
+    sub = stack.ray("submit", "--no-wait", "--submission-id", JOB, "--", *STUDY)
     assert sub.returncode == 0, sub.stdout + sub.stderr
 
     def trial_training():
@@ -221,7 +222,7 @@ def test_compose_stack_runs_a_study_through_node_loss_and_keeps_its_runs(stack):
                 return r
         status = stack.job_status()
         if status in ENDED:
-            pytest.fail(f"the job ended before the kill: {status}\n{stack.ray('logs', 'deploytest-momentum').stdout[-6000:]}")
+            pytest.fail(f"the job ended before the kill: {status}\n{stack.ray('logs', JOB).stdout[-6000:]}")
         return None
 
     trial = _wait("the trial's first logged epoch", trial_training, 1800, every=5)
@@ -245,7 +246,7 @@ def test_compose_stack_runs_a_study_through_node_loss_and_keeps_its_runs(stack):
 
     final = _wait("the study's end", ended, 2400, every=10)
     TIMES["kill to study end"] = round(time.time() - killed_at, 1)
-    job_logs = stack.ray("logs", "deploytest-momentum")
+    job_logs = stack.ray("logs", JOB)
     logs = job_logs.stdout + job_logs.stderr
     assert final == "SUCCEEDED", logs[-8000:]
     assert "the trial's process was lost" in logs, logs[-8000:]  # the sweep ran it again, from its checkpoint

@@ -420,9 +420,13 @@ def _trial_driver(study_pid: int):
     """The Tune actor process a study's trial runs in (Tune's class for a function trainable)."""
     import psutil
 
-    below = psutil.Process(study_pid).children(recursive=True)
-    titles = {p.pid: " ".join(p.cmdline()) for p in below if p.is_running()}
-    found = [p for p in below if titles.get(p.pid, "").startswith("ray::ImplicitFunc")]
+    titles = {}
+    for p in psutil.Process(study_pid).children(recursive=True):
+        try:
+            titles[p] = " ".join(p.cmdline())
+        except psutil.Error:  # a Ray worker that ended between the listing and the read
+            pass
+    found = [p for p, title in titles.items() if title.startswith("ray::ImplicitFunc")]
     assert len(found) == 1, f"no single trial driver among the study's processes: {sorted(titles.values())}"
     return found[0]
 

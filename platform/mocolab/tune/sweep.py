@@ -266,13 +266,16 @@ def _rerun_lost(grid: Any, sweep: Sweep, parent: SweepRun, conc: int, cpus: floa
     """Run a grid's trials whose process was lost (a node died) again, from their checkpoints and into
     their MLflow runs, as the same command would: up to ``run.max_failures`` times. Trials that failed
     by raising are left failed. Tune's results of the last round are returned."""
+    if sweep.search != "grid":
+        return grid
     limit = build_config(sweep.preset, sweep.base_overrides).run.max_failures
     for round_ in range(1, limit + 1):
-        lost = lost_trials(grid) if sweep.search == "grid" else []
+        lost = lost_trials(grid)
         if not lost or (stop is not None and stop.stop_all()):
             break
         progress(f"{'; '.join(lost)}: the trial's process was lost (its node died, or it was killed); running "
                  f"it again from its latest checkpoint ({round_}/{limit}, run.max_failures)")
+        lines.retrying(set(lost))
         tuner = _tuner(sweep, parent, conc, cpus, stop, lines, progress, only=set(lost))
         grid = tuner.fit() if tuner is not None else None
     return grid
@@ -325,8 +328,6 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
     space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
     if only is None:
         lines.total = len(remaining)
-    else:
-        lines.retrying(only)
     # reuse_actors: a trial's process spends seconds importing torch, MLflow and mocolab; the next trial
     # starts in the process of one that returned instead (its own config, seed, data, model and MLflow run
     # all the same). Only a grid: there a trial's actor is kept only once its function has returned (Tune
