@@ -184,7 +184,8 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
         progress(f"--cpus-per-worker {sweep.cpus_per_worker:g}: each worker reserves {cpus:g} CPU, so that "
                  f"{conc} trial(s) and their drivers ({TRIAL_DRIVER_CPUS:g} CPU each) fit in the cluster's "
                  f"{cluster_cpus:g} CPU; it computes on {threads}")
-    check_device(build_config(sweep.preset, sweep.base_overrides).run.device, sweep.gpus_per_worker)
+    base = build_config(sweep.preset, sweep.base_overrides)  # what every trial shares
+    check_device(base.run.device, sweep.gpus_per_worker)
     if sweep.workers_per_trial > 0:
         check_placement(sweep.workers_per_trial, cpus, sweep.gpus_per_worker, extra_cpus=TRIAL_DRIVER_CPUS,
                         nodes=nodes, what="each trial")
@@ -197,14 +198,14 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
                  f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
                  f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {redact_uri(parent.uri)}")
         stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
-        epochs = build_config(sweep.preset, sweep.base_overrides).optim.epochs
+        epochs = base.optim.epochs
         total = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
         lines = SweepProgress(total, epochs, progress, on_change=_live_report(sweep, parent, progress),
                               change_every_s=sweep.watch_s or 30)
         try:
-            tuner = _tuner(sweep, parent, conc, cpus, stop, lines, progress)
+            tuner = _tuner(sweep, parent, conc, cpus, epochs, stop, lines, progress)
             grid = tuner.fit() if tuner is not None else None
-            grid = _rerun_lost(grid, sweep, parent, conc, cpus, stop, lines, progress)
+            grid = _rerun_lost(grid, sweep, parent, conc, cpus, epochs, base.run.max_failures, stop, lines, progress)
         except BaseException as err:  # Ctrl-C, SIGTERM, an error: close every run, keep the sweep resumable
             _close_interrupted(parent, err)
             raise
@@ -261,14 +262,13 @@ def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
     parent.set_status(status, mlflow_status=mlflow_status, reason=f"{reason}; run the same command again to resume")
 
 
-def _rerun_lost(grid: Any, sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None,
-                lines: SweepProgress, progress: Callable[[str], None]) -> Any:
+def _rerun_lost(grid: Any, sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, limit: int,
+                stop: Stopper | None, lines: SweepProgress, progress: Callable[[str], None]) -> Any:
     """Run a grid's trials whose process was lost (a node died) again, from their checkpoints and into
     their MLflow runs, as the same command would: up to ``run.max_failures`` times. Trials that failed
     by raising are left failed. Tune's results of the last round are returned."""
     if sweep.search != "grid":
         return grid
-    limit = build_config(sweep.preset, sweep.base_overrides).run.max_failures
     for round_ in range(1, limit + 1):
         lost = lost_trials(grid)
         if not lost or (stop is not None and stop.stop_all()):
@@ -276,13 +276,13 @@ def _rerun_lost(grid: Any, sweep: Sweep, parent: SweepRun, conc: int, cpus: floa
         progress(f"{'; '.join(lost)}: the trial's process was lost (its node died, or it was killed); running "
                  f"it again from its latest checkpoint ({round_}/{limit}, run.max_failures)")
         lines.retrying(set(lost))
-        tuner = _tuner(sweep, parent, conc, cpus, stop, lines, progress, only=set(lost))
+        tuner = _tuner(sweep, parent, conc, cpus, epochs, stop, lines, progress, only=set(lost))
         grid = tuner.fit() if tuner is not None else None
     return grid
 
 
-def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper | None, lines: SweepProgress,
-           progress: Callable[[str], None], only: set[str] | None = None):
+def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, stop: Stopper | None,
+           lines: SweepProgress, progress: Callable[[str], None], only: set[str] | None = None):
     """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials, or of those
     the ``only`` ones); None if all done."""
     callbacks = [lines, ReleaseEndedTrials(progress)]
@@ -312,8 +312,7 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, stop: Stopper
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=conc, num_samples=sweep.num_samples,
                 search_alg=build_searcher(sweep.search, sweep.metric, sweep.mode, sweep.seeds[0]),
-                scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode,
-                                          build_config(sweep.preset, sweep.base_overrides).optim.epochs)),
+                scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode, epochs)),
             run_config=tune.RunConfig(name="search", storage_path=tune_path, verbose=verbose, stop=stop,
                                       callbacks=callbacks))
     # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
