@@ -50,6 +50,18 @@ def test_a_slow_cleaner_stop_traceback_is_kept_out_even_across_batches():
     assert keep(_batch(ours, "TrainController"))["lines"] == ours  # later tracebacks come through
 
 
+def test_a_timed_out_resource_request_traceback_is_kept_out():
+    """Logged by the controller's autoscaling client when a request waits too long (an overloaded CPU, CI)."""
+    lines = ["Failed to send resource request for train-b1266aaac74c414590ec8520e4cbe251. If this only happens "
+             "transiently during network partition or CPU being overloaded, it's safe to ignore this error.",
+             "Traceback (most recent call last):",
+             '  File "/x/autoscaling_coordinator_client.py", line 58, in send_resource_request',
+             "    ray.get(", '  File "python/ray/includes/common.pxi", line 107, in ray._raylet.check_status',
+             "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.",
+             "epoch   2  step      8/8  loss 4.0100  pretext 35.1%  kNN 40.10%  1010 img/s"]
+    assert keep(_batch(lines, "TrainController"))["lines"] == lines[-1:]
+
+
 def test_the_runs_own_lines_and_errors_come_through():
     ours = ["epoch   1  step      4/8  loss 4.1920  pretext 31.8%  kNN 37.20%  1072 img/s",
             "Traceback (most recent call last):", "RuntimeError: the worker's own failure"]

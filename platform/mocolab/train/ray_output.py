@@ -5,8 +5,9 @@ each report a worker sends, the worker group they start, a core-worker note abou
 live, and, with a second Ray on the machine (another study, a notebook), a traceback from the placement-group
 cleaner, which cannot tell which of the local Rays is its own and stops watching. On a busy machine the
 controller also logs a traceback when that cleaner takes longer than its fixed 12 s to stop at the end of a
-run, which changes nothing of the run. Our workers' own lines (the progress, the evaluation, errors) still
-come through; ``--verbose`` prints Ray's too.
+run, which changes nothing of the run, and another each time its autoscaling client's request for the
+workers' resources times out (Ray's own line calls that safe to ignore on an overloaded CPU). Our workers'
+own lines (the progress, the evaluation, errors) still come through; ``--verbose`` prints Ray's too.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ QUIET_LINES = re.compile("|".join([
     r"Failed to query Ray Train Controller actor state",
 ]))
 # a line that opens a logged traceback about Ray Train's own helper, dropped up to the exception's line
-QUIET_TRACEBACKS = re.compile(r"Failed to stop PlacementGroupCleaner gracefully")
+QUIET_TRACEBACKS = re.compile(r"Failed to stop PlacementGroupCleaner gracefully|Failed to send resource request for ")
 _TRACEBACK_BODY = re.compile(r"^(Traceback \(most recent call last\):|\s|During handling|The above exception|$)")
 HANDLER = "ray_print_logs"  # the name Ray's driver gives its printer of worker output
 
