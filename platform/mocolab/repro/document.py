@@ -342,8 +342,8 @@ PAPER: dict[str, Paper] = {
         "positive, so the model 'cheats' the pretext task and finds a low-loss solution that does not make "
         "a good representation. The paper gives no accuracy for the unshuffled model. Here `split` emulates "
         "its per-GPU BN with the key batch shuffled across the groups; `groups` and `plain` do not shuffle.",
-        (("plain", "<", "one BN over the whole batch, unshuffled, is worse than split"),
-         ("groups", "<", "split's groups without the shuffle are worse than split"))),
+        (("plain", "<", "one BN over the whole batch, unshuffled, is worse than shuffled BN"),
+         ("groups", "<", "the same BN groups without the shuffle are worse than shuffled BN"))),
     "negatives_ablation.py": (
         "Paper (Figure 3, ImageNet linear top-1): MoCo's queue beats the memory bank at every K, 60.6 against "
         "58.0 at K = 65,536 (a 2.6-point gap); end-to-end (in-batch) negatives match MoCo where memory allows "
