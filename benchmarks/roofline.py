@@ -7,7 +7,10 @@ Counts the floating-point operations of one real ``Trainer.train_step``
 the matmuls and convolutions, as torch's FlopCounterMode counts them, one
 multiply-add = 2 FLOPs), times the step, and divides. The peak is a dense
 square matmul (torch.mm, n = 2048) on the same threads, in fp32 and in bf16.
-Prints both fractions, for fp32 encoders and for bf16 encoders.
+Prints both fractions, for fp32 encoders and for bf16 encoders. Where the CPU
+has no native bf16 (no AVX-512 BF16 or AMX: ``run.precision=auto`` trains in
+fp32 there) bf16 is emulated, minutes a step and no figure anyone trains at, so
+it is left out, saying so; ``--emulated-bf16`` measures it anyway.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from _steps import held_batches, timed_steps
 from torch.utils.flop_counter import FlopCounterMode
 
 from mocolab.config import build_config
+from mocolab.hardware import resolve_precision
 from mocolab.loop import Trainer
 
 
@@ -59,14 +63,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--emulated-bf16", action="store_true", help="measure bf16 where the CPU only emulates it")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; preset {args.preset}")
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    precisions = ["fp32"]
+    if args.emulated_bf16 or resolve_precision("auto", torch.device("cpu")) == torch.bfloat16:
+        precisions.append("bf16")
+    else:
+        print("bf16: not measured, this CPU has no native bf16 (run.precision=auto trains in fp32 here); "
+              "--emulated-bf16 measures it anyway")
+    peaks = {name: matmul_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[name])) for name in precisions}
     for name, gflops in peaks.items():
         print(f"dense matmul peak ({name}, n=2048): {gflops:7.1f} GFLOP/s")
-    for precision in ("fp32", "bf16"):
+    for precision in precisions:
         flops, rate, what = step_figures(args.preset, precision, args.steps, args.warmup)
         achieved = flops * rate / 1e9
         print(f"training step, {what}: {flops / 1e9:.2f} GFLOP per step, {rate:.2f} steps/s -> {achieved:6.1f} "
