@@ -132,8 +132,9 @@ class EvalConfig:
     knn_t: float = 0.1
     knn_every: int = 1  # epochs between kNN monitors; 0 = only at the end
     knn_bank: int | None = 10_000  # training images in the kNN memory bank; None = all
-    knn_test: int | None = None  # test images for the monitor; None = all
+    knn_test: int | None = None  # test images the kNN is scored on (the monitor and the end); None = all
     linear_train: int | None = None  # training images for the linear probe; None = all
+    linear_test: int | None = None  # test images the final linear probe is scored on; None = all
     linear_steps: int = 200  # L-BFGS iterations of the probe
     linear_wd: float = 1e-4
     drift_probes: int = 256  # dictionary slots followed for the key-drift diagnostic (diagnostics.py); 0 = off
@@ -512,7 +513,7 @@ def validate(cfg: Config) -> Config:
     if d.loader == "stream" and d.name not in STREAMABLE:
         raise ValueError(f"data.loader: 'stream' reads {' or '.join(STREAMABLE)} sets, not {d.name!r} "
                          f"(which is decoded into memory): use data.loader=memory or auto")
-    for key in ("knn_bank", "knn_test", "linear_train"):
+    for key in ("knn_bank", "knn_test", "linear_train", "linear_test"):
         val = getattr(e, key)
         if val is not None:
             _range(f"eval.{key}", val, 1)

@@ -152,6 +152,15 @@ class FinalScores:
     val_linear: float | None = None
 
 
+def scored_test_images(e: EvalConfig) -> int | None:
+    """How many test images the final kNN and probe read (None: all). Both score prefixes of one list of
+    test images, so only the longer prefix is embedded: a preset that scores on fewer images than the
+    split holds (smoke) skips the rest of the split's forward passes."""
+    if e.knn_test is None or e.linear_test is None:
+        return None
+    return max(e.knn_test, e.linear_test)
+
+
 class Evaluation:
     """A run's encoder scored on its data source's evaluation images: the kNN monitor after an epoch, and kNN
     with the linear probe at the end.
@@ -216,16 +225,18 @@ class Evaluation:
         n_bank = min(e.knn_bank or data.size, data.size)
         n_lin = min(e.linear_train or data.size, data.size)
         f_train, l_train = self.split_features("train", max(n_bank, n_lin), embed)
-        f_test, l_test = self.split_features("test", None, embed)
+        f_test, l_test = self.split_features("test", scored_test_images(e), embed)
         n_test = min(e.knn_test or len(l_test), len(l_test))
+        n_lin_test = min(e.linear_test or len(l_test), len(l_test))
         if progress is not None:
             progress(f"evaluation: kNN bank {data.describe_eval('train', n_bank)} training images, "
-                     f"linear probe trained on {data.describe_eval('train', n_lin)}, tested on all "
-                     f"{len(l_test):,} test images (kNN on {data.describe_eval('test', n_test)})")
+                     f"linear probe trained on {data.describe_eval('train', n_lin)}, tested on "
+                     f"{data.describe_eval('test', n_lin_test)} test images (kNN on "
+                     f"{data.describe_eval('test', n_test)})")
         knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_test[:n_test], l_test[:n_test],
                            data.classes, e.knn_k, e.knn_t)
-        res = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test, l_test, data.classes,
-                           weight_decay=e.linear_wd, steps=e.linear_steps)
+        res = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test[:n_lin_test], l_test[:n_lin_test],
+                           data.classes, weight_decay=e.linear_wd, steps=e.linear_steps)
         scores = FinalScores(knn, res)
         if validation and self.validation:  # the same kNN bank and probe, on the held-out images
             f_val, l_val = self.split_features("val", None, embed)

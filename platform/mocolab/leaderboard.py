@@ -29,7 +29,8 @@ KEY_FIELDS = {"run.preset": "preset", "model.backbone": "backbone", "moco.versio
               "run.seed": "seed"}
 # What decides a score besides the encoder: a baseline stands beside an encoder only when these are equal
 _SCORED = ("data.name", "data.subset", "data.image_size", "data.synthetic_size", "data.root", "eval.knn_k",
-           "eval.knn_t", "eval.knn_bank", "eval.knn_test", "eval.linear_train", "eval.linear_steps", "eval.linear_wd")
+           "eval.knn_t", "eval.knn_bank", "eval.knn_test", "eval.linear_train", "eval.linear_test",
+           "eval.linear_steps", "eval.linear_wd")
 _NETWORK = ("model.backbone", "model.width", "vit.patch_size", "vit.depth")  # ... and for random-init, these
 
 

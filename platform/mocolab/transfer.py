@@ -115,7 +115,7 @@ def score(encoder: SavedEncoder, cfg: Config, source=None,
     a run: one feature extraction, the kNN bank and the probe's training images prefixes of one list."""
     import torch
 
-    from .evaluation import extract_features, knn_accuracy, linear_probe
+    from .evaluation import extract_features, knn_accuracy, linear_probe, scored_test_images
     from .hardware import resolve_device, resolve_precision
     from .train.resources import usable_cores
 
@@ -137,15 +137,16 @@ def score(encoder: SavedEncoder, cfg: Config, source=None,
     n_bank = min(e.knn_bank or source.size, source.size)
     n_lin = min(e.linear_train or source.size, source.size)
     f_train, l_train = features("train", max(n_bank, n_lin))
-    f_test, l_test = features("test", None)
+    f_test, l_test = features("test", scored_test_images(e))
     n_test = min(e.knn_test or len(l_test), len(l_test))
+    n_lin_test = min(e.linear_test or len(l_test), len(l_test))
     say(f"evaluating {encoder.ref.label} on {cfg.data.name} ({source.size:,} train / {source.test_size:,} test "
         f"images at {source.image_size}px, {source.channels} -> {encoder.channels} channels): kNN bank "
         f"{source.describe_eval('train', n_bank)}, linear probe on {source.describe_eval('train', n_lin)}")
     knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_test[:n_test], l_test[:n_test], source.classes,
                        e.knn_k, e.knn_t)
-    probe = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test, l_test, source.classes,
-                         weight_decay=e.linear_wd, steps=e.linear_steps)
+    probe = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test[:n_lin_test], l_test[:n_lin_test],
+                         source.classes, weight_decay=e.linear_wd, steps=e.linear_steps)
     return TransferResult(knn, probe.test_top1, probe.train_top1, cfg, encoder.ref,
                           {"train": int(max(n_bank, n_lin)), "test": int(len(l_test))})
 

@@ -115,9 +115,9 @@ def test_eval_on_the_training_data_gives_the_runs_own_scores(trained):
     _, uri, run_id = trained
     logged = MlflowClient(uri).get_run(run_id).data.metrics
     res = mocolab.evaluate(run_id, "fashion-mnist", tracking_uri=uri, log=False, progress=None)
-    assert res.run_id is None and res.images == {"train": 512, "test": 10_000}
+    assert res.run_id is None and res.images == {"train": 512, "test": 2_000}  # smoke scores the first 2,000
     assert res.knn_top1 == pytest.approx(logged["knn_top1"], abs=1 / 200)
-    assert res.linear_top1 == pytest.approx(logged["linear_top1"], abs=5 / 10_000)
+    assert res.linear_top1 == pytest.approx(logged["linear_top1"], abs=1 / 2_000)
 
 
 @needs_data

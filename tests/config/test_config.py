@@ -206,7 +206,7 @@ def test_v3_reads_no_queue_and_a_field_at_its_default_leaves_run_names_alone(mon
     cfg = build_config("cpu-quick", {"moco.version": "v3", "queue.size": 1000, "model.backbone": "vit_tiny"})
     assert cfg.run_name.startswith("cpu-quick-v3-m0.999-s0-") and cfg.image_size == 28 and cfg.is_vit
     pins = {"cpu-quick": ("cpu-quick-m0.999-s0-659c040a", "cb8b14e4ca960ea9"),
-            "smoke": ("smoke-m0.99-s0-3ba55357", "d46ca37ec77eda73")}
+            "smoke": ("smoke-m0.99-s0-74528453", "9a36efafb6c926bf")}
     for preset, pin in pins.items():
         cfg = build_config(preset)
         assert (cfg.run_name, fingerprint(cfg)) == pin
@@ -256,7 +256,7 @@ TAKES_HUGE = {
     "data.subset": "capped at the set's size", "data.memory_budget_mb": "a budget, not an allocation",
     "optim.epochs": "a long run", "optim.max_steps": "a long run", "optim.lr": "recorded as diverged if too high",
     "eval.knn_k": "capped at the bank", "eval.knn_every": "never within the run", "eval.knn_bank": "capped at the set",
-    "eval.knn_test": "capped at the set", "eval.linear_train": "capped at the set",
+    "eval.knn_test": "capped at the set", "eval.linear_train": "capped at the set", "eval.linear_test": "capped at the set",
     "eval.drift_probes": "capped at the dictionary's slots", "run.checkpoint_every": "never within the run",
     "run.keep_checkpoints": "keeps all", "run.step_metrics_every": "never within the run",
     "run.max_failures": "retries that many times", "run.fault_step": "never reached",

@@ -99,6 +99,28 @@ def test_a_runs_monitor_and_final_scores_read_one_set_of_features(validation):
     assert feats.shape == (64, ev.encoder.backbone.out_dim) and len(labels) == 64
 
 
+@pytest.mark.parametrize(("knn_test", "linear_test", "embedded"), [(None, 16, 64), (16, None, 64), (24, 40, 40)])
+def test_fewer_test_images_score_a_prefix_and_embed_no_more_than_the_longer_one(knn_test, linear_test, embedded):
+    """``eval.knn_test``/``eval.linear_test`` score the first N test images: the same numbers as the kNN and
+    the probe on those images, and the images past the longer prefix never go through the encoder."""
+    from dataclasses import replace
+
+    from mocolab.evaluation import knn_accuracy, linear_probe
+
+    ev = _run_evaluation(False)
+    ev.cfg = replace(ev.cfg, knn_test=knn_test, linear_test=linear_test)
+    seen: list[int] = []
+    scores = ev.final_scores(embed=lambda x: (seen.append(len(x)), ev.features(x))[1])
+    assert sum(seen) == 256 + embedded  # the training images, then the test images embedded
+    f_train, l_train = ev.split_features("train", None)
+    f_test, l_test = ev.split_features("test", None)
+    n_knn, n_lin = knn_test or 64, linear_test or 64
+    assert scores.knn == knn_accuracy(f_train, l_train, f_test[:n_knn], l_test[:n_knn], ev.source.classes, 20, 0.1)
+    probe = linear_probe(f_train, l_train, f_test[:n_lin], l_test[:n_lin], ev.source.classes, steps=5,
+                         weight_decay=ev.cfg.linear_wd)
+    assert scores.probe.test_top1 == probe.test_top1
+
+
 def test_the_exported_backbone_is_a_float32_cpu_copy_with_the_same_features():
     ev = _run_evaluation(False)
     exported = ev.backbone_copy()
