@@ -1,9 +1,14 @@
-"""The gloo launcher of the distributed tests: a module-level function run on W spawned CPU processes.
+"""The gloo launcher of the distributed tests: a module-level function run on W fresh CPU processes.
 
 ``launch(fn, world, tmp_path, *args)`` runs ``fn(rank, world, *args)`` on every rank of a real gloo process
 group (no mocks); each rank writes its result to tmp_path and reports success or its traceback through a
-queue, so a failing rank fails the test. ``fn`` must be a module-level function of a test module (spawned
+queue, so a failing rank fails the test. ``fn`` must be a module-level function of a test module (the rank
 processes import it by name).
+
+The ranks are forked from a multiprocessing forkserver, one per test worker, that has torch and the
+distributed layers imported: a spawned rank spent its first seconds importing them, for each of the suite's
+few dozen ranks. The server is a clean single-threaded interpreter (no test has run in it), so each rank
+starts as a spawned one would, with its imports done.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TIMEOUT_S = 120.0
+# what the forkserver imports once, for every rank it forks
+PRELOAD = ["torch", "torch.distributed", "torch.nn.functional", "mocolab.dist", "mocolab.moco", "mocolab.loop"]
 
 
 def _free_port() -> int:
@@ -45,12 +52,13 @@ def _entry(fn, rank: int, world: int, port: int, out_dir: str, args: tuple, repo
 
 
 def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S) -> list:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned gloo processes; return their results by rank.
+    """Run ``fn(rank, world, *args)`` in ``world`` gloo processes; return their results by rank.
 
     Fails the test on the first rank that raises (with its traceback), on a
     rank that dies without reporting, and on timeout.
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
     reports = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(tmp_path), args, reports), daemon=True)
