@@ -105,8 +105,15 @@ def in_private_network(argv: list[str]) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def _seed() -> None:
+def _seed_and_threads():
+    """Each test starts from seed 0 and this worker's thread share: a run in the test's process that sets
+    ``run.threads`` (or any other ``torch.set_num_threads``) would otherwise leave every later test on this
+    worker computing on more threads than its share, against the other worker's."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ def test_cifar10_resnet18_trains_on_cifar_shaped_images(tmp_path):
     cfg = build_config("cifar10-resnet18", {
         "data.name": "imagefolder", "data.root": str(root), "data.image_size": 32, "optim.batch_size": 64,
         "optim.max_steps": 2, "eval.knn_bank": 256, "eval.knn_test": 200, "eval.linear_train": 256,
-        "eval.linear_steps": 5, "run.threads": 2})
+        "eval.linear_steps": 5})
     assert cfg.queue.size == 4096 and cfg.model.backbone == "resnet18"
     result = run_training(cfg)
     assert result.steps == 2 and not result.diverged and 0.0 <= result.linear_top1 <= 1.0
