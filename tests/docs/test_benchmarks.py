@@ -70,7 +70,8 @@ TIME_OVERRIDES = {
     "probe_layout.py": ("--seeds 1 --set data.subset=2048 --set queue.size=256 --set eval.linear_steps=5",
                         [r"init, seed 0\s+float32\s+[\d.]+\s+[\d.]+\s+[\d.]+", r"raw pixels\s+float64(\s+[\d.+-]+x?){7}",
                          r"speed-up of the probe's fit, median over 4 fits: [\d.]+x"]),
-    "eval_precision.py": ("--seeds 1 --steps 0 --set eval.linear_train=1024 --set eval.linear_steps=5",
+    "eval_precision.py": ("--seeds 1 --steps 0 --set data.subset=2048 --set queue.size=256 "
+                          "--set eval.linear_train=1024 --set eval.linear_steps=5",
                           [r"over 1 encoders: at most \d+ kNN and \d+ linear-probe test images"]),
     "sweep_overhead.py": ("--trials 1 --set data.subset=512 --set queue.size=256 --set optim.max_steps=2 "
                           "--set eval.knn_bank=512 "

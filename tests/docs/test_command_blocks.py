@@ -137,6 +137,7 @@ def test_readme_train_blocks_run(tmp_path):
     shown = [line for line in lines if "--print-config" in line or "--in-process" in line]
     trained = [line for line in lines if line not in shown]
     results = _run(shown, work, []) + _run(trained, work, SMALL_TRAIN)
+    _check_smoke_learns(next(r for line, r in zip(shown, results) if "--in-process" in line).stdout)
     assert any(yaml.safe_load(r.stdout).get("moco", {}).get("m") is not None for r in results[:2]
                if r.stdout.startswith("# mocolab train")), [r.stdout[:300] for r in results[:2]]
     client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
@@ -150,6 +151,19 @@ def test_readme_train_blocks_run(tmp_path):
     assert loaded.returncode == 0 and re.search(r"^\(5, \d+\)$", loaded.stdout, re.M), loaded.stderr[-3000:]
     _run(commands("export", {"<run id>": run_id, " [--register fmnist-moco]": ""}), work, [])
     assert (work / "encoder-m0.99" / "encoder.pt2").is_file()
+
+
+def _check_smoke_learns(out: str) -> None:
+    """README's in-process smoke line, at its full size: the run beats its own encoder at initialisation by 2
+    kNN points and scores above 75 % linear; each of its four epochs prints a line with its throughput and an
+    ETA, the last at step 256 of 256; it ends with the scores."""
+    init = re.search(r"at initialisation: linear top-1 ([\d.]+)%  kNN top-1 ([\d.]+)%", out)
+    done = re.search(r"^done in \S+: linear top-1 ([\d.]+)%  kNN top-1 ([\d.]+)%", out, re.M)
+    assert init and done and "diverged" not in out, out[-3000:]
+    assert float(done.group(2)) >= float(init.group(2)) + 2, (init.groups(), done.groups())
+    assert float(done.group(1)) > 75, done.groups()
+    epochs = re.findall(r"^epoch +(\d+) +step +(\d+)/(\d+) .* img/s.*ETA \S+$", out, re.M)
+    assert [int(e) for e, _, _ in epochs] == [1, 2, 3, 4] and epochs[-1][1:] == ("256", "256"), epochs
 
 
 @pytest.mark.slow

@@ -103,7 +103,8 @@ def test_docs_sweep_block_runs_resumes_and_records_a_parent_with_its_trials(tmp_
     small = " " + " ".join(SMALL)
     first = _sh(grid_line + small, tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert re.search(r"^1 of 12 trials done \(--stop-after 1\)", first.stdout, re.M), first.stdout[-3000:]
+    assert re.search(r"^1 of 12 trials done \(--stop-after 1\); the same command runs the other 11\.$", first.stdout,
+                     re.M), first.stdout[-3000:]
     again = _sh(grid_line + small, tmp_path)  # the same command: resumes, never repeats a trial
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "1 trial(s) already done, 11 to run" in again.stdout and "2 of 12 trials done" in again.stdout
