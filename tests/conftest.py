@@ -118,13 +118,15 @@ def _seed_and_threads():
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the whole session (never a user's cluster), shut down at the end."""
+    """One local Ray for the whole session (never a user's cluster), started as mocolab starts one, shut
+    down at the end."""
     import ray
+
+    from mocolab.train.launch import ensure_ray
 
     os.environ.pop("RAY_ADDRESS", None)
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_ray(num_cpus=2, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -51,6 +51,12 @@ class TrainOutcome:
     val_knn_top1: float | None = None
 
 
+# Ray settings a local Ray on one machine is better off without (ensure_ray): Ray Train's preemption
+# watcher (nothing on one machine is preempted) and the workers Ray prestarts for the first driver, one per
+# CPU, most of which sit idle until they exit (a suite run left 111 idle, 154 CPU s: benchmarks/RESULTS.md)
+LOCAL_RAY_OFF = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "RAY_prestart_worker_first_driver")
+
+
 def check_cluster() -> None:
     """A RAY_ADDRESS that does not answer is an error before any MLflow run is made (not a long hang)."""
     address = os.environ.get("RAY_ADDRESS")
@@ -88,6 +94,8 @@ def ensure_ray(num_cpus: int | None = None, say: Callable[[str], None] = print, 
         reassert()
         check_nodes(say=say)
     else:
+        for var in LOCAL_RAY_OFF:  # before ray.init: the raylet and its workers inherit them; a user's value stands
+            os.environ.setdefault(var, "0")
         # "local": never attach to a `ray start` cluster (or a stale record of one) on this machine
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
     reassert()  # Ray installs its own SIGTERM handler; Ctrl-C/SIGTERM must still close our runs
