@@ -130,7 +130,7 @@ test-durations: setup-test chromium peers
 # from Debian where apt-get works and we are root (podman-compose comes with the dev extra); a stand-in for
 # the Ray image built once from Debian's packages (no image registry needed); docker/Dockerfile built on it;
 # docker/compose.yaml up with a study submitted, the worker holding its trial killed, `down` and `up` again.
-# About 20 min on two cores the first time, 7 after (the stand-in base is cached, in podman's images).
+# 6 to 12 min on two cores the first time (docker/README.md), less after (the stand-in base is cached in podman).
 # DEPLOY_NICE: it yields the CPU and the disk to anything else running (empty: full speed).
 DEPLOY_NICE ?= nice -n 19 ionice -c3
 test-deploy: setup-test

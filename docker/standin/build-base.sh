@@ -18,6 +18,9 @@ repo="$(cd "$here/../.." && pwd)"
 cache="${MOCOLAB_STANDIN_CACHE:-/var/cache/mocolab-standin}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 mkdir -p "$cache"
+# What a build from nothing holds on disk at its peak, in GiB (measured: docker/README.md), with room for the
+# images built on it. Refused before any work where less is free.
+need_gb="${MOCOLAB_STANDIN_NEED_GB:-15}"
 
 pins="$(mktemp)"; trap 'rm -f "$pins"' EXIT
 "$python" "$here/pins.py" "$repo" > "$pins"
@@ -31,29 +34,40 @@ postgres="localhost/mocolab-standin-postgres:$key"
 if podman image exists "$base" && podman image exists "$postgres"; then
   echo "$base $postgres"; exit 0
 fi
-
-# 1. Debian 12 with Python 3.11 and PostgreSQL 15
-debian="$cache/debian12"
-if [ ! -e "$debian/.complete" ]; then
-  rm -rf "$debian.partial"
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,procps,netbase,postgresql-15 \
-    bookworm "$debian.partial" "$mirror" >&2
-  touch "$debian.partial/.complete"; rm -rf "$debian"; mv "$debian.partial" "$debian"
-fi
-# 2. the wheels at the pinned versions, built or fetched by PYTHON's pip (it knows this machine's indexes)
-wheels="$cache/wheels-$wheels_key"
-if [ ! -e "$wheels/.complete" ]; then
-  mkdir -p "$wheels"
-  "$python" -m pip wheel -q --no-deps -w "$wheels" -r "$pins" 2> >(grep -v "is ignored: it is neither" >&2)
-  "$python" -m pip download -q --no-deps -d "$wheels/wheelhouse" 'setuptools>=77' wheel 2> >(grep -v "is ignored" >&2)
-  cp "$pins" "$wheels/pins.txt"
-  touch "$wheels/.complete"
-fi
-# 3. the root file system: Debian plus rootfs-setup.sh run inside it, imported as an image
+# 1-3: the root file system image, where podman does not hold it yet
 rootfs="$cache/rootfs-$rootfs_key"
 rootfs_image="localhost/mocolab-standin-rootfs:$rootfs_key"
+wheels="$cache/wheels-$wheels_key"
+if command -v zstd >/dev/null; then zip=(zstd -q -T0 -1); ext=zst; else zip=(gzip -1); ext=gz; fi
+tarball="$cache/rootfs-$rootfs_key.tar.$ext"
+free_gb() { df -P --block-size=1G "$1" | awk 'NR == 2 { print $4 }'; }
 if ! podman image exists "$rootfs_image"; then
-  if [ ! -e "$rootfs/.complete" ]; then
+  graph="$(podman info --format '{{.Store.GraphRoot}}')"; mkdir -p "$graph"
+  for dir in "$cache" "$graph"; do
+    if (( $(free_gb "$dir") < need_gb )); then
+      echo "build-base.sh: $(free_gb "$dir") GiB free on the file system of $dir; building the stand-in from" \
+           "nothing needs about $need_gb GiB there (MOCOLAB_STANDIN_CACHE moves the cache)" >&2
+      exit 3
+    fi
+  done
+  if [ ! -e "$tarball" ] && [ ! -e "$rootfs/.complete" ]; then
+    # 1. Debian 12 with Python 3.11 and PostgreSQL 15
+    debian="$cache/debian12"
+    if [ ! -e "$debian/.complete" ]; then
+      rm -rf "$debian.partial"
+      debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,procps,netbase,postgresql-15 \
+        bookworm "$debian.partial" "$mirror" >&2
+      touch "$debian.partial/.complete"; rm -rf "$debian"; mv "$debian.partial" "$debian"
+    fi
+    # 2. the wheels at the pinned versions, built or fetched by PYTHON's pip (it knows this machine's indexes)
+    if [ ! -e "$wheels/.complete" ]; then
+      mkdir -p "$wheels"
+      "$python" -m pip wheel -q --no-deps -w "$wheels" -r "$pins" 2> >(grep -v "is ignored: it is neither" >&2)
+      "$python" -m pip download -q --no-deps -d "$wheels/wheelhouse" 'setuptools>=77' wheel 2> >(grep -v "is ignored" >&2)
+      cp "$pins" "$wheels/pins.txt"
+      touch "$wheels/.complete"
+    fi
+    # 3. the root file system: Debian plus rootfs-setup.sh run inside it
     rm -rf "$rootfs"; cp -a "$debian" "$rootfs"; rm -f "$rootfs/.complete"
     mkdir -p "$rootfs/tmp/wheels" "$rootfs/opt/wheelhouse"
     cp "$wheels"/wheelhouse/*.whl "$rootfs/opt/wheelhouse/"
@@ -67,12 +81,20 @@ if ! podman image exists "$rootfs_image"; then
     rmdir "$rootfs/tmp/wheels"; rm -f "$rootfs/tmp/rootfs-setup.sh"
     touch "$rootfs/.complete"
   fi
-  tar -C "$rootfs" --exclude=./.complete -c . | podman import \
+  rm -rf "$wheels"                                             # installed in the root file system now
+  # ... imported as an image, compressed, and the tree removed before podman copies the tar into its storage:
+  # the tree, the tar and the image layer (about 7 GB each) never lie on the disk uncompressed at once.
+  if [ ! -e "$tarball" ]; then
+    tar -C "$rootfs" --exclude=./.complete -c . | "${zip[@]}" > "$tarball.partial"
+    mv "$tarball.partial" "$tarball"
+  fi
+  rm -rf "$rootfs"
+  podman import \
     --change 'USER ray' --change 'WORKDIR /home/ray' --change 'ENV HOME=/home/ray' \
     --change 'ENV PATH=/home/ray/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change 'CMD ["bash"]' - "$rootfs_image" >&2
+    --change 'CMD ["bash"]' "$tarball" "$rootfs_image" >&2
 fi
-rm -f "$rootfs/.complete"; rm -rf "$rootfs"                    # the image holds it now
+rm -rf "$rootfs" "$wheels" "$tarball"                          # the image holds them now
 # 4. the base: the project's build requirements beside pip (docker/Dockerfile builds mocolab offline), and
 #    the postgres stand-in
 podman image rm -f "$base" "$postgres" >/dev/null 2>&1 || true
