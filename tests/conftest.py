@@ -116,10 +116,11 @@ def _seed_and_threads():
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_session():
-    """One local Ray for the whole session (never a user's cluster), started as mocolab starts one, shut
-    down at the end."""
+    """A local Ray in the test's process (never a user's cluster), started as mocolab starts one. The tests
+    that use it run one after another on one worker (their own xdist group), so one Ray serves them all; it
+    is shut down after the last of them (``pytest_runtest_teardown``), not left idle for the rest of the run."""
     import ray
 
     from mocolab.train.launch import ensure_ray
@@ -127,8 +128,14 @@ def ray_session():
     os.environ.pop("RAY_ADDRESS", None)
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
     ensure_ray(num_cpus=2, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    return ray
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if "ray_session" in item.fixturenames and (nextitem is None or "ray_session" not in nextitem.fixturenames):
+        import ray
+
+        ray.shutdown()
 
 
 def _free_port() -> int:
@@ -160,6 +167,34 @@ def free_port():
     return _free_port
 
 
+@functools.cache
+def _empty_mlflow_db() -> Path:
+    """An MLflow sqlite store with its tables made, once per test process: MLflow builds a new store by
+    running every schema migration since its first (seconds each time), and the suite makes dozens."""
+    from mlflow.tracking import MlflowClient
+
+    folder = Path(tempfile.mkdtemp(prefix="mlflow-empty-"))
+    MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+    return folder / "mlflow.db"
+
+
+def mlflow_store(folder: Path, name: str = "mlflow.db", artifacts: str | None = None) -> str:
+    """The sqlite URI of an MLflow store at ``folder / name``; where none is there yet, an empty one as MLflow
+    makes it on first use (a copy of ``_empty_mlflow_db``), its Default experiment's artifacts at
+    ``artifacts``: by default under ``folder / "mlruns"``, as a process working in ``folder`` would have them."""
+    import sqlite3
+
+    path = Path(folder) / name
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_empty_mlflow_db(), path)
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                       (artifacts or str(path.parent / "mlruns" / "0"),))
+        db.close()
+    return f"sqlite:///{path}"
+
+
 def start_mlflow_server(folder: Path, port: int, timeout: float = 120.0,
                         store: str | None = None) -> subprocess.Popen:
     """A real ``mlflow server`` on 127.0.0.1 (sqlite store and artifacts under ``folder``), once /health answers.
@@ -172,7 +207,7 @@ def start_mlflow_server(folder: Path, port: int, timeout: float = 120.0,
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     log = folder / "server.log"
     where = (["--backend-store-uri", store] if store else
-             ["--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination",
+             ["--backend-store-uri", mlflow_store(folder, "server.db", "mlflow-artifacts:/0"), "--artifacts-destination",
               str(folder / "artifacts")])
     proc = subprocess.Popen(
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", *where],
@@ -218,6 +253,8 @@ def pytest_collection_modifyitems(config, items):
                      for d in defs)
         if shared and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        elif "ray_session" in item.fixturenames and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("ray_session"))  # one Ray for all of them (ray_session)
         group = item.get_closest_marker("xdist_group")
         key = group.args[0] if group and group.args else group.kwargs.get("name") if group else item.nodeid
         groups[key] = groups.get(key, 0.0) + known.get(item.nodeid, typical)

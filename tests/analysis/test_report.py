@@ -14,6 +14,7 @@ from mocolab.config import build_config
 from mocolab.manifest import RunManifest
 from mocolab.report import build_report, png_size
 from mocolab.tracking import MetricsLogger, RunTracker, trials_frame
+from conftest import mlflow_store
 
 
 def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]],
@@ -49,7 +50,7 @@ def _fill(uri: str, experiment: str, trials: list[tuple[float, int, str]],
 
 @pytest.fixture
 def store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     trials = [(m, s, "finished") for m in (0.9, 0.99, 0.999) for s in (0, 1)] + [(0.0, 0, "diverged")]
     return uri, _fill(uri, "momentum-ablation", trials)
 
@@ -73,7 +74,7 @@ def test_report_from_a_real_store(tmp_path, store):
 
 
 def test_single_seed_and_whole_experiment(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     _fill(uri, "momentum-ablation", [(0.9, 0, "finished"), (0.999, 0, "finished")])
     rep = build_report("momentum-ablation", tmp_path / "out", tracking_uri=uri)  # no parent: all trials
     assert rep.trials == 2 and "1 seed(s)" in rep.message and "Warning" not in rep.message
@@ -91,7 +92,7 @@ def test_single_seed_and_whole_experiment(tmp_path):
 
 
 def test_empty_and_unknown_experiments(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     MlflowClient(uri).create_experiment("empty-study")
     rep = build_report("empty-study", tmp_path / "out", tracking_uri=uri)
     assert rep.trials == 0 and "no trial runs" in rep.message and rep.html.exists()
@@ -172,7 +173,7 @@ def _row(page: str, label: str) -> str:
 
 
 def test_live_report_shows_the_running_trial_then_its_end(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     parent, run_id, log = _running_sweep(uri)
     rep = build_report("live-study", tmp_path / "out", parent_run=parent, tracking_uri=uri, refresh_s=7,
                        log_artifacts=False)
@@ -196,7 +197,7 @@ def test_report_watch_follows_a_sweep_until_it_ends(tmp_path):
     import sys
     import time
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     parent, run_id, log = _running_sweep(uri)
     page = tmp_path / "watch" / "report.html"
     proc = subprocess.Popen([sys.executable, "-m", "mocolab", "report", "--experiment", "live-study", "--parent-run",
@@ -223,7 +224,7 @@ def test_v3_reports_draw_what_their_studies_vary(tmp_path):
     """The ViT ablation (patch projection x base m) gets accuracy per setting beside every trial's per-step
     gradient norm, not the v1 paper's momentum curve; a versions comparison gets one bar per recipe and
     nothing finer (its recipes differ in augmentation, BN and more at once)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     patch = {f"patch={'frozen' if f else 'trained'} m={m:g} seed=0": {"vit.freeze_patch_embed": f, "moco.m": m}
              for f in (False, True) for m in (0.9, 0.99)}
     parent = _fill(uri, "vit-ablation", [], recipes=patch, preset="vit-quick")
@@ -249,7 +250,7 @@ def test_negatives_report_reads_the_middle_epochs_drift_probes(tmp_path):
     from mocolab.studies.negatives_plots import negatives_drift
     from mocolab.tracking import Store
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     recipes = {"in batch": {"moco.negatives": "in_batch"}, "memory bank": {"moco.negatives": "memory_bank"},
                "queue fifo m=0.5": {"moco.m": 0.5}, "queue random m=0.99": {"queue.policy": "random"}}
     parent = _fill(uri, "negatives-ablation", [], recipes=recipes)
@@ -317,7 +318,7 @@ def _leaderboard_store(uri: str) -> dict[str, str]:
 def test_leaderboard_ranks_encoders_across_experiments_beside_their_baselines(tmp_path):
     from mocolab.leaderboard import build_leaderboard, write_leaderboard
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     ids = _leaderboard_store(uri)
     board = build_leaderboard(tracking_uri=uri)
     fm = board.table[board.table["data_name"] == "fashion-mnist"]
@@ -345,7 +346,7 @@ def test_leaderboard_ranks_encoders_across_experiments_beside_their_baselines(tm
 def test_leaderboard_command_line(tmp_path, capsys):
     from mocolab.cli import main
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     assert main(["report", "--leaderboard", "--tracking-uri", uri]) == 1  # an empty store: no encoder yet
     assert "no finished run with linear_top1" in capsys.readouterr().out
     ids = _leaderboard_store(uri)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import (in_private_network, kill_processes_with_env, python_without_mocolab, repo_copy,
+from conftest import (in_private_network, kill_processes_with_env, mlflow_store, python_without_mocolab, repo_copy,
                       thread_share_env)
 from mocolab.data import fashion_mnist_dir
 
@@ -193,7 +193,7 @@ def test_working_dir_job_runs_on_nodes_that_have_no_mocolab(tmp_path, cluster_wi
     rc, out = _submit(submit, env, REPO)
     assert rc != 0 and "is inside this job's --working-dir copy" in out, out[-4000:]
     assert "--tracking-uri" in out or "--storage" in out
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     rc, out = _submit(submit + ["--tracking-uri", uri, "--storage", str(tmp_path / "sweeps")], env, REPO)
     assert rc == 0 and "succeeded" in out, out[-6000:]
     assert "Ray cluster: 2 node(s) checked" in out and "working_dir_files" in out, out[-4000:]

@@ -16,6 +16,7 @@ from mocolab.config import build_config
 from mocolab.data import _synthetic, fill_unreadable, load_dataset
 from mocolab.image_index import build_index, decode, write_imagefolder
 from mocolab.sources import DamagedDataError, MemorySource
+from conftest import mlflow_store
 
 DAMAGE = {  # how each broken file is made from a good JPEG's bytes
     "c000/broken_truncated.jpg": lambda good: good[: len(good) // 2],
@@ -163,7 +164,7 @@ def test_a_streamed_run_damaged_beyond_the_bound_stops_naming_the_files(tmp_path
         "run.output_dir": str(tmp_path / "runs"), "run.name": "damaged"})
     with pytest.raises(Exception, match=r"data.max_bad_fraction: [23] of 203 training images unreadable so far: "
                                         r"train/c00\d/broken_\w+.jpg, train/c00\d/broken_\w+.jpg"):
-        fit(cfg, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        fit(cfg, tracking_uri=mlflow_store(tmp_path))
 
 
 @pytest.mark.slow
@@ -174,7 +175,7 @@ def test_a_run_under_the_bound_logs_the_counts_and_names_to_mlflow(tmp_path, ray
     from mocolab.train import fit
 
     root = _damaged_folder(tmp_path / "set", n=200)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cfg = build_config("smoke", {
         "data.name": "imagefolder", "data.root": str(root), "data.image_size": 24, "data.subset": None,
         "data.loader": loader, "data.max_bad_fraction": 0.05, "queue.size": 64, "optim.batch_size": 32,

@@ -21,6 +21,7 @@ from mocolab.repro.document import HEADLINE_BEGIN, HEADLINE_END, replace_headlin
 from mocolab.repro.export import export
 from mocolab.repro.plan import STUDIES, study
 from mocolab.tracking import MetricsLogger, RunTracker, Store
+from conftest import mlflow_store
 
 REPO = Path(__file__).resolve().parents[2]
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
@@ -32,7 +33,7 @@ SMALL = ["data.subset=512", "queue.size=256", "eval.knn_bank=512", "eval.linear_
 def test_baselines_are_the_trials_starting_encoder_logged_once_and_never_mixed(tmp_path):
     from mocolab.loop import run_training
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     first = log_baselines("set", "smoke", SMALL, [0, 1], tracking_uri=uri, say=lambda _: None)
     assert [(b.kind, b.seed) for b in first] == [("random-init", 0), ("raw-pixels", None), ("random-init", 1)]
     assert all(0.1 < b.linear_top1 <= 1 and 0.1 < b.knn_top1 <= 1 for b in first)
@@ -76,7 +77,7 @@ def _sweep(uri: str, name: str, arms: dict[float, list[float]], precision: dict[
 
 
 def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_claim(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     s = study("momentum-cpu-quick")
     arms = {0.0: [0.84, 0.845, 0.842], 0.9: [0.85, 0.855, 0.852], 0.99: [0.870, 0.8752, 0.8722],
             0.999: [0.86, 0.866, 0.861], 0.9999: [0.86, 0.862, 0.868]}
@@ -156,7 +157,7 @@ def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_
 
     from mocolab.repro.run import run_study
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     small = study("momentum-cpu-quick")
     small = replace(small, name="repro-test", preset="smoke", values=(0.0, 0.99), seeds=1,
                     extra=(*(a for kv in [*SMALL, "optim.max_steps=4"] for a in ("--set", kv)),

@@ -17,12 +17,13 @@ from mocolab.models import build_backbone, build_encoder
 from mocolab.manifest import RunManifest
 from mocolab.tracking import MetricsLogger, RunTracker
 from mocolab.tracking.models import export_run, log_models, register_model
+from conftest import mlflow_store
 
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
     """A run made by mocolab's own tracker, with a (random) encoder and probe logged as models."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('models') / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path_factory.mktemp('models'))
     cfg = build_config("smoke", {"model.width": 8})
     tracker = RunTracker(uri, "models-test")
     run_id, _ = tracker.start(RunManifest.of(cfg.replace(**{"run.name": "enc-run"})))
@@ -113,7 +114,7 @@ def test_a_run_with_log_models_false_keeps_its_checkpoint_and_logs_no_model(tmp_
     from mocolab.train import fit
     from mocolab.tune.spec import Sweep, Trial, check_sweep
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cfg = build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "queue.size": 128,
                                  "optim.batch_size": 32, "optim.max_steps": 2, "eval.knn_bank": 128,
                                  "eval.knn_test": 64, "eval.linear_train": 128, "eval.linear_steps": 2,

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import _free_port, start_mlflow_server, stop_mlflow_server
+from conftest import _free_port, mlflow_store, start_mlflow_server, stop_mlflow_server
 from mocolab.data import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def sweep(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.time()
     res = subprocess.run([sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
-                          "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--storage", str(tmp / "sweeps"),
+                          "--tracking-uri", mlflow_store(tmp), "--storage", str(tmp / "sweeps"),
                           *[f"--set={k}={v}" for k, v in TINY.items()], "--momenta", ",".join(MOMENTA),
                           "--workers-per-trial", "0"],
                          capture_output=True, text=True, timeout=1800, env=env, cwd=tmp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import start_mlflow_server, stop_mlflow_server
+from conftest import mlflow_store, start_mlflow_server, stop_mlflow_server
 from mocolab.config import build_config
 from mocolab.data import fashion_mnist_dir
 from mocolab.manifest import RunManifest
@@ -104,7 +104,7 @@ def test_a_run_whose_params_the_store_refuses_is_not_left_behind(tmp_path):
     (or shown RUNNING forever): the store refusing them removes it, and the same start then creates it whole."""
     from mocolab.tracking.mlflow_log import RunTracker
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     with pytest.raises(Exception, match="bad\\?key"):  # MLflow's own check of a param's name
         RunTracker(uri, "orphans").start(RunManifest("r", {"moco.m": 0.99, "bad?key": 1}, ""))
     client = MlflowClient(uri)
@@ -123,7 +123,7 @@ def test_an_mlflow_run_holds_the_manifest_and_finished_trials_of_an_older_format
     from mocolab.tracking import Store, SweepRun, recorded_manifest
     from mocolab.tracking.mlflow_log import RunTracker
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cfg = build_config("smoke", {"run.name": "sweep--m=0.9", "moco.m": 0.9})
     manifest = RunManifest.of(cfg)
     store = Store(uri)

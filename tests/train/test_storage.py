@@ -14,6 +14,7 @@ from mocolab.storage import Location, is_uri, shown
 from mocolab.train import fit
 from mocolab.manifest import MANIFEST
 from mocolab.train.checkpoint import local_checkpoints
+from conftest import mlflow_store
 
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 TINY = {"data.subset": 1024, "eval.knn_bank": 512, "eval.knn_test": 300, "eval.linear_train": 512,
@@ -60,7 +61,7 @@ def test_a_location_reads_and_writes_on_s3(s3_server, tmp_path):
 def test_checkpoints_and_restarts_through_s3(tmp_path, s3_server, ray_session, workers):
     """A worker dies at step 6; the run restarts from the checkpoint it wrote to S3 and finishes."""
     storage = s3_server("runs")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     said: list[str] = []
     cfg = build_config("smoke", {**TINY, "run.output_dir": storage, "run.name": f"s3-w{workers}",
                                  "run.num_workers": workers, "run.fault_step": 6, "run.max_failures": 1,
@@ -95,7 +96,7 @@ def test_a_study_keeps_its_state_on_s3_and_resumes_from_it(tmp_path, s3_server):
 
     repo = Path(__file__).resolve().parents[2]
     storage = "s3://mocolab/sweeps"  # endpoint and credentials from the environment, as README recommends
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cmd = [sys.executable, str(repo / "experiments" / "momentum_ablation.py"), "--preset", "smoke", "--momenta",
            "0.9", "--set=data.subset=1024", "--set=eval.knn_bank=512", "--set=eval.knn_test=300",
            "--set=eval.linear_train=512", "--set=eval.linear_steps=10", "--set=optim.max_steps=8",

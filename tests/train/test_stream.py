@@ -15,6 +15,7 @@ from mocolab.image_index import build_index, write_imagefolder, write_parquet
 from mocolab.sources import MemorySource, choose_loader
 from mocolab.train import fit
 from mocolab.train.stream import StreamSource
+from conftest import mlflow_store
 
 
 def _folder(root, n=300, size=24, seed=0, n_test=None):
@@ -92,7 +93,7 @@ def test_stream_of_a_set_that_cannot_stream_is_refused_before_work():
 def test_twenty_thousand_images_stream_through_two_workers_in_bounded_memory(tmp_path, ray_session):
     root = _folder(tmp_path / "big", n=20_000, size=64, n_test=500)  # the claim is about the training epoch
     decoded_mb = 20_000 * 3 * 64 * 64 / 2**20  # 234 MiB: what each worker holds with the in-memory loader
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     growth = {}
     # memory: only to show what holding the set costs a worker (one worker: each holds the whole set).
     # A random crop, not the mocov2 recipe: the claim is memory, and at width 4 the recipe's jitter and

@@ -14,6 +14,7 @@ from mocolab.loop import Trainer
 from mocolab.manifest import RunManifest
 from mocolab.train import fit
 from mocolab.train.checkpoint import load_rank_state, save_rank_state
+from conftest import mlflow_store
 
 pytestmark = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
@@ -129,7 +130,7 @@ def _metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
 
 @pytest.mark.slow
 def test_dead_worker_restarts_from_checkpoint_and_completes(tmp_path, ray_session):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cfg = _cfg(tmp_path, **{"run.num_workers": 2, "moco.bn": "shuffle", "queue.layout": "sharded",
                             "run.checkpoint_every": 4, "run.fault_step": 10, "run.max_failures": 1,
                             "run.name": "fault-w2", "run.experiment": "test-train", "run.system_metrics_s": 1})
@@ -196,7 +197,7 @@ def _check_hub_records(client: MlflowClient, run, out, cfg, tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_failed_run_is_marked_then_resumed_into_the_same_mlflow_run(tmp_path, ray_session):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cfg = _cfg(tmp_path, **{"run.num_workers": 1, "run.fault_step": 20, "run.max_failures": 0,
                             "run.name": "fail-then-resume", "run.experiment": "test-train"})
     with pytest.raises(Exception):
@@ -229,7 +230,7 @@ def test_v3_vit_on_two_ranks_logs_m_and_the_first_layer_gradient_per_step(tmp_pa
     from mocolab.data import load_dataset
     from mocolab.schedule import momentum_at
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cfg = _cfg(tmp_path, **{"run.num_workers": 2, "moco.version": "v3", "moco.bn": "sync", "moco.m_schedule": "cosine",
                             "model.backbone": "vit_tiny", "vit.depth": 1, "vit.patch_size": 7,
                             "vit.freeze_patch_embed": True, "model.head": "mlp3-bn", "model.dim": 32,

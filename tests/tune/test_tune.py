@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_concurrently
+from conftest import mlflow_store, run_concurrently
 from mlflow.tracking import MlflowClient
 
 from mocolab.data import fashion_mnist_dir
@@ -27,7 +27,7 @@ TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.
 def _sweep(tmp_path: Path, trials: list[Trial], **kw) -> Sweep:
     kw.setdefault("workers_per_trial", 0)  # in the trial's process: what is tested here is the sweep
     return Sweep(study="test-sweeps", name=kw.pop("name", "s1"), preset="smoke", description="test sweep",
-                 base_overrides=dict(TINY), trials=trials, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                 base_overrides=dict(TINY), trials=trials, tracking_uri=mlflow_store(tmp_path),
                  storage=str(tmp_path / "sweeps"), **kw)
 
 
@@ -110,7 +110,7 @@ def _study_call(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[li
     e = {**os.environ, **(env or {})}
     e.pop("RAY_ADDRESS", None) if "RAY_ADDRESS" not in (env or {}) else None
     return ([sys.executable, str(REPO / "experiments/momentum_ablation.py"), "--preset", "smoke",
-             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage", str(tmp_path / "sweeps"), *args],
+             "--tracking-uri", mlflow_store(tmp_path), "--storage", str(tmp_path / "sweeps"), *args],
             {"env": e, "cwd": tmp_path, "timeout": 300})
 
 
@@ -159,7 +159,7 @@ TINY_ARGS = [f"--set={k}={v}" for k, v in TINY.items() if k != "queue.size"] + [
 def _study(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return subprocess.run([sys.executable, str(REPO / "experiments" / script), "--preset", "smoke",
-                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                           "--tracking-uri", mlflow_store(tmp_path),
                            "--storage", str(tmp_path / "sweeps"), *TINY_ARGS, *args],
                           capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
 
@@ -318,7 +318,7 @@ def test_negatives_study_reports_ages_drift_and_accuracy_per_source(tmp_path):
             "--set=eval.linear_train=512", "--set=eval.linear_steps=10", "--set=optim.epochs=2",
             "--set=optim.batch_size=64", "--set=queue.size=256", "--set=eval.drift_probes=32"]
     res = subprocess.run([sys.executable, str(REPO / "experiments" / "negatives_ablation.py"),
-                          "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage", str(tmp_path / "sweeps"),
+                          "--tracking-uri", mlflow_store(tmp_path), "--storage", str(tmp_path / "sweeps"),
                           "--momenta", "0.5", "--workers-per-trial", "0", *tiny], capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client, parents, children = _parent_and_children(tmp_path, "negatives-ablation")
@@ -356,7 +356,7 @@ def test_vit_study_reports_accuracy_and_the_first_layer_gradient(tmp_path):
 
     def study(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(REPO / "experiments" / "vit_ablation.py"),
-                               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                               "--tracking-uri", mlflow_store(tmp_path),
                                "--storage", str(tmp_path / "sweeps"), "--workers-per-trial", "0", *tiny, *args],
                               capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
 
