@@ -43,6 +43,11 @@ def test_every_new_study_runs_the_arms_its_script_makes_and_is_found_by_the_expo
     assert line[line.index("--workers-per-trial") + 1] == "2" and line[-2:] == ["--what", "bn"]
     neg = study("negatives-cpu-full")
     assert list(neg.arms) == list(settings([0.999])) and neg.command("bf16", 1)[-2:] == ["--momenta", "0.999"]
+    bank = study("bank-30ep-cpu-full")  # one arm: the bank, every trial of the momentum script at one m
+    line = bank.command("bf16", 1)
+    assert bank.arms == ("memory_bank",) and line[-2:] == ["--momenta", "0.999"]
+    assert {"moco.negatives=memory_bank", "optim.epochs=30"} <= set(bank.baseline_overrides("bf16"))
+    assert arm_of(bank, pd.Series({"label": "m=0.999 seed=2", "params.moco.negatives": "memory_bank"})) == "memory_bank"
     versions = study("versions-vit-quick")
     assert list(versions.arms) == list(RECIPES) and "model.backbone=convnet" in versions.baseline_overrides("bf16")
     for s in STUDIES:

@@ -97,6 +97,15 @@ STUDIES: tuple[Study, ...] = (
     Study("negatives-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, NEGATIVES, 3, None,
           "Sources of negatives: in-batch, memory bank, queue (FIFO, random), cpu-full budget",
           extra=("--momenta", "0.999"), reference="queue fifo m=0.999"),
+    # At cpu-full's 10 epochs the bank did not learn (pretext accuracy 0.1 %, below random-init). A 30-epoch
+    # pilot (seed 0, read on the validation split: results/pilot/bank-30ep.txt) showed why: its first epochs
+    # fit the bank's random initial entries (val kNN 57 % after epoch 1), the stored entries caught up with the
+    # encoder only by epoch 15 or so (key drift cos 0.97), and pretext accuracy rose from 0.1 % at epoch 12 to
+    # 8 % at 29, val kNN to 76 %. So the bank alone, three times as long; its arm is the bank's field.
+    Study("bank-30ep-cpu-full", "momentum_ablation.py", "cpu-full", "moco.negatives", ("memory_bank",), 3, None,
+          "The memory bank trained three times as long: cpu-full at 30 epochs",
+          extra=("--momenta", "0.999", "--set", "moco.negatives=memory_bank", "--set", "optim.epochs=30"),
+          reference="memory_bank"),
     Study("versions-vit-quick", "vit_ablation.py", "vit-quick", LABEL, VERSIONS, 3, None,
           "MoCo v1, v2 and v3 at one budget (vit-quick's data, batch and epochs)", extra=("--compare-versions",),
           reference="v2 convnet", baseline_sets=CONVNET),
