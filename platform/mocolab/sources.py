@@ -195,11 +195,12 @@ def choose_loader(name: str, loader: str, images: int | None, image_size: int, c
 
 
 def eval_order(n_total: int, n: int | None) -> np.ndarray:
-    """Positions a streamed evaluation reads: all in order, or the first n of one fixed permutation
-    (so every prefix of it is itself a random subset, as the kNN bank and the probe need)."""
-    if n is None or n >= n_total:
-        return np.arange(n_total)
-    return np.random.default_rng(EVAL_SUBSET_SEED).permutation(n_total)[:n]
+    """Positions an evaluation of a set stored in class order reads: the first n of one fixed permutation,
+    all of it when n is None. Every prefix of what is read is itself a random subset, as the kNN bank and the
+    probe need when they take the first ``knn_bank`` / ``linear_train`` of one read (a read of the whole
+    split in stored order would hand them its first classes)."""
+    order = np.random.default_rng(EVAL_SUBSET_SEED).permutation(n_total)
+    return order if n is None or n >= n_total else order[:n]
 
 
 def validation_positions(n_total: int, n: int) -> np.ndarray:

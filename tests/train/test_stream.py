@@ -70,6 +70,21 @@ def test_streamed_batches_are_the_in_memory_batches(tmp_path, ray_session, name)
     assert stream.describe_eval("train", 100) == "a fixed random 100 of 300"
 
 
+def test_a_whole_class_ordered_split_is_read_for_evaluation_in_one_fixed_random_order(tmp_path):
+    """The final kNN bank and probe take prefixes of one read of the training split (and the test's): read
+    whole, a folder stored class by class would give them its first classes. A prefix of the whole read is
+    the fixed random subset of that size."""
+    root = _folder(tmp_path / "if")
+    memory = MemorySource(load_dataset("imagefolder", "train", root, image_size=24),
+                          load_dataset("imagefolder", "test", root, image_size=24))
+    (images, labels), = list(memory.eval_split("train", None))
+    (first, first_labels), = list(memory.eval_split("train", 100))
+    assert len(labels) == 300 and sorted(labels.tolist()) == sorted(memory.train.labels.tolist())
+    assert torch.equal(images[:100], first) and torch.equal(labels[:100], first_labels)
+    assert len(set(labels[:30].tolist())) > 5, labels[:30]  # stored order: the first 30 hold one or two classes
+    assert len(set(memory.train.labels[:30].tolist())) <= 2
+
+
 def test_auto_picks_the_loader_by_decoded_size():
     small = choose_loader("imagefolder", "auto", 20_000, 64, 3, 4096)
     assert small.loader == "memory" and "234 MiB decoded <= data.memory_budget_mb=4,096" in small.reason
