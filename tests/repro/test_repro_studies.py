@@ -50,8 +50,10 @@ def test_every_new_study_runs_the_arms_its_script_makes_and_is_found_by_the_expo
     assert arm_of(bank, pd.Series({"label": "m=0.999 seed=2", "params.moco.negatives": "memory_bank"})) == "memory_bank"
     versions = study("versions-vit-quick")
     assert list(versions.arms) == list(RECIPES) and "model.backbone=convnet" in versions.baseline_overrides("bf16")
+    assert bank.reference_from == "negatives-cpu-full" and bank.reference in neg.arms
     for s in STUDIES:
-        assert s.reference == "" and s.by == "moco.m" or s.reference in s.arms, s.name
+        assert s.reference == "" and s.by == "moco.m" or s.reference in (study(s.reference_from).arms
+                                                                         if s.reference_from else s.arms), s.name
 
 
 def test_an_arm_is_the_field_value_as_text_or_the_label_less_its_seed_and_the_csv_keeps_the_plan_order():
@@ -139,3 +141,24 @@ def test_a_queue_study_draws_k_on_a_log_axis_and_a_study_without_csv_gets_its_co
     for other in STUDIES:
         if other.name != q.name:
             assert not_run(other) in doc and f"Not run yet: `mocolab repro --study {other.name}`." in doc
+
+
+def test_a_study_set_against_another_studys_arm_reads_that_arm_from_its_csv_and_pairs_it_by_seed(tmp_path):
+    bank, neg = study("bank-30ep-cpu-full"), study("negatives-cpu-full")
+    results = tmp_path / "results"
+    results.mkdir()
+    _frame({"memory_bank": [0.85, 0.853, 0.848]}).assign(study=bank.name).to_csv(results / f"{bank.name}.csv",
+                                                                                  index=False)
+    other = _frame({"queue fifo m=0.999": [0.872, 0.874, 0.8755], "in batch": [0.88, 0.89, 0.885]})
+    other.assign(study=neg.name).to_csv(results / f"{neg.name}.csv", index=False)
+    write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures")
+    doc = (tmp_path / "REPRODUCTION.md").read_text()
+    section = doc[doc.index(f"## {bank.title}"):]
+    section = section[:section.index("\n## ")]
+    assert "| memory_bank | 3 |" in section and "| queue fifo m=0.999 (reference) | 3 |" in section
+    assert "in batch" not in section  # only the reference arm is borrowed
+    assert "the study `negatives-cpu-full`'s arm" in section
+    # paired by seed: (85.0 − 87.2 + 85.3 − 87.4 + 84.8 − 87.55) / 3
+    assert "| memory_bank − queue fifo m=0.999 | linear | 3 | -2.35 [" in section
+    claim = next(line for line in section.splitlines() if line.startswith("- *the memory bank is below"))
+    assert "**reproduced**" in claim and "3 seeds" in claim

@@ -351,6 +351,11 @@ PAPER: dict[str, Paper] = {
         "for random replacement. Here the in-batch arm has 2 x 256 - 2 negatives a query, the queue 16,384.",
         (("memory bank", "<", "the memory bank is below MoCo's FIFO queue"),
          ("in batch", "<", "in-batch negatives (end-to-end: K is the batch) are below MoCo's large queue"))),
+    "moco.negatives": (
+        "Paper (Figure 3, ImageNet linear top-1): the memory bank is below MoCo's queue at every K, 58.0 against "
+        "60.6 at K = 65,536. Here the bank trains three times as long as the queue it is set against (30 epochs "
+        "against the 10 of `negatives-cpu-full`, whose bank did not learn), both with 16,384 negatives a query.",
+        (("memory_bank", "<", "the memory bank is below MoCo's FIFO queue, even trained three times as long"),)),
     "vit_ablation.py": (
         "Papers (ImageNet linear top-1, ResNet-50, 200 epochs): MoCo v1 60.6, MoCo v2 67.5 (Chen et al. 2020); "
         "MoCo v3 (Chen, Xie, He 2021) reports other epochs and backbones, no number at this recipe. Here every "
@@ -426,9 +431,13 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
     what = f"`{study.by}`" if study.by != LABEL else f"the settings of `{study.script}`"
     pairing = ("paired by seed: seed s of every arm sees the same batches, but the recipes build different "
                "networks" if study.baseline_sets else
+               "paired: seed s of every arm starts from the same encoder, and epoch e of every arm draws the same "
+               "batches" if study.reference_from else
                "paired: seed s of every arm starts from the same encoder and sees the same batches")
     reference = (f"the reference arm is `{study.reference}`" if study.reference in arms
                  else f"the reference arm `{study.reference}` has no finished run yet")
+    if study.reference_from:
+        reference += f", the study `{study.reference_from}`'s arm, with that study's settings (its section)"
     text = "\n".join([
         f"## {study.title}",
         "",
@@ -580,6 +589,11 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
             sections.append(not_run(study))
             continue
         frame = pd.read_csv(path, dtype={"arm": str, "commit": str})
+        other = results / f"{study.reference_from}.csv"
+        if study.reference_from and other.is_file():  # the reference arm, as its own study ran it
+            borrowed = pd.read_csv(other, dtype={"arm": str, "commit": str})
+            frame = pd.concat([frame, borrowed[borrowed["arm"] == study.reference].assign(study=study.name)],
+                              ignore_index=True)
         curves = results / HISTORY / f"{study.name}.csv"
         history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":

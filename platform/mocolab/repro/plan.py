@@ -29,6 +29,8 @@ class Study:
     other is tested against in the write-up.  ``baseline_sets``: ``--set`` values for the baselines alone
     (where the preset's encoder is not the one the arms train).  ``workers``: Ray Train workers per trial (0:
     one process per trial, two trials at a time on two cores; 2: one two-rank trial at a time).
+    ``reference_from``: the study whose arm ``reference`` is, where it is none of this study's own (the
+    write-up reads that arm's rows from its CSV and pairs them by seed).
     """
 
     name: str
@@ -43,6 +45,7 @@ class Study:
     reference: str = ""
     baseline_sets: tuple[str, ...] = field(default=())
     workers: int = 0
+    reference_from: str = ""
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -101,11 +104,12 @@ STUDIES: tuple[Study, ...] = (
     # pilot (seed 0, read on the validation split: results/pilot/bank-30ep.txt) showed why: its first epochs
     # fit the bank's random initial entries (val kNN 57 % after epoch 1), the stored entries caught up with the
     # encoder only by epoch 15 or so (key drift cos 0.97), and pretext accuracy rose from 0.1 % at epoch 12 to
-    # 8 % at 29, val kNN to 76 %. So the bank alone, three times as long; its arm is the bank's field.
+    # 8 % at 29, val kNN to 76 %. So the bank alone, three times as long, against the FIFO queue of
+    # negatives-cpu-full (10 epochs, the same seeds); its arm is the bank's field.
     Study("bank-30ep-cpu-full", "momentum_ablation.py", "cpu-full", "moco.negatives", ("memory_bank",), 3, None,
           "The memory bank trained three times as long: cpu-full at 30 epochs",
           extra=("--momenta", "0.999", "--set", "moco.negatives=memory_bank", "--set", "optim.epochs=30"),
-          reference="memory_bank"),
+          reference="queue fifo m=0.999", reference_from="negatives-cpu-full"),
     Study("versions-vit-quick", "vit_ablation.py", "vit-quick", LABEL, VERSIONS, 3, None,
           "MoCo v1, v2 and v3 at one budget (vit-quick's data, batch and epochs)", extra=("--compare-versions",),
           reference="v2 convnet", baseline_sets=CONVNET),
