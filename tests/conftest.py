@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -174,6 +175,7 @@ def _empty_mlflow_db() -> Path:
     from mlflow.tracking import MlflowClient
 
     folder = Path(tempfile.mkdtemp(prefix="mlflow-empty-"))
+    atexit.register(shutil.rmtree, folder, True)
     MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
     return folder / "mlflow.db"
 
@@ -207,8 +209,8 @@ def start_mlflow_server(folder: Path, port: int, timeout: float = 120.0,
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     log = folder / "server.log"
     where = (["--backend-store-uri", store] if store else
-             ["--backend-store-uri", mlflow_store(folder, "server.db", "mlflow-artifacts:/0"), "--artifacts-destination",
-              str(folder / "artifacts")])
+             ["--backend-store-uri", mlflow_store(folder, "server.db", "mlflow-artifacts:/0"),
+              "--artifacts-destination", str(folder / "artifacts")])
     proc = subprocess.Popen(
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", *where],
         stdout=subprocess.DEVNULL, stderr=open(log, "a"), start_new_session=True, cwd=folder,
