@@ -47,9 +47,9 @@ def kind(cmdline: list[str], name: str) -> str:
     program = Path(cmdline[0]).name
     if program.startswith("python"):
         if "-m" in cmdline[1:-1]:
-            module = cmdline[cmdline.index("-m") + 1]
-            rest = [a for a in cmdline[cmdline.index("-m") + 2:] if not a.startswith("-")][:1]
-            return " ".join(["python -m", module, *rest])
+            at = cmdline.index("-m")
+            rest = [a for a in cmdline[at + 2:] if not a.startswith("-")][:1]
+            return " ".join(["python -m", cmdline[at + 1], *rest])
         script = next((Path(a).name for a in cmdline[1:] if a.endswith(".py")), None)
         if script is not None:
             return script
