@@ -1,6 +1,6 @@
 """The performance page's benchmark blocks, each line run as written with a size override appended (fewer
-steps, rounds or images: the figures are RESULTS.md's, what is checked here is that each line runs and
-prints them).
+steps, rounds, images, or images a step: the figures are RESULTS.md's, what is checked here is that each
+line runs and prints them).
 
 The lines come from docs/performance.md (the blocks after its speed-benchmarks and time-benchmarks
 marks), so the page and this test cannot drift apart. The peer line needs lightly beside
@@ -21,7 +21,7 @@ from readme_blocks import commands
 REPO = Path(__file__).resolve().parents[2]
 # what each script must print: its figures, not just a clean exit; and the size override appended
 EXPECTED = {
-    "step_ab.py": ("--rounds 1 --steps 1 --set data.subset=1024 --set queue.size=256",
+    "step_ab.py": ("--rounds 1 --steps 1 --set data.subset=1024 --set queue.size=256 --set optim.batch_size=64",
                    [r"variant\s+images/s", r"all\s+\d+\s+\d\.\d\d"]),
     "roofline.py": ("--steps 2 --warmup 1 --preset smoke",
                     [r"dense matmul peak \(fp32", r"GFLOP per step, [\d.]+ steps/s .* of the fp32 matmul peak",
@@ -79,7 +79,8 @@ TIME_OVERRIDES = {
                           [r"loop of mocolab train\s+[\d.]+", r"study, --workers-per-trial 0\s+[\d.]+\s+[\d.]+\s+[\d.]+x"]),
     "oversubscription.py": ("--steps 4 --repeats 1", [r"2 at once, default threads\s+[\d.]+ s\s+[\d.]+x",
                                                       r"each pinned to its cores\s+[\d.]+ s"]),
-    "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024 --set queue.size=256",
+    "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024 --set queue.size=256 "
+                           "--set optim.batch_size=64",
                            [r"torchrun \+ DDP\s+checkpoint every 1\s+[\d.]+\s+[\d.]+",
                             r"Ray Train\s+no checkpoint\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%\s+[\d.]+"]),
     "stream_decode.py": ("--images 128 --sizes 64 --repeats 1",
