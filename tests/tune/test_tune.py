@@ -37,12 +37,22 @@ def _children(uri: str, parent_id: str):
     return c.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
 
 
+def _report_queues() -> int:
+    """How many of Tune's report queues (one actor process each) this Ray has started: its actor table, as
+    the state API needs the dashboard."""
+    import ray
+
+    return sum(a.get("ActorClassName", "").endswith("_QueueActor") for a in ray._private.state.actors().values())
+
+
 @pytest.mark.slow
 @needs_fmnist
 def test_sweep_stopped_after_first_trial_resumes_without_rerunning(tmp_path, ray_session):
     trials = [Trial("m=0.9 seed=0", {"moco.m": 0.9}), Trial("m=0.99 seed=0", {"moco.m": 0.99})]
     sweep = _sweep(tmp_path, trials, max_concurrent=1, stop_after=1)
+    queues = _report_queues()
     parent, _ = run_sweep(sweep, progress=lambda _m: None)
+    assert _report_queues() == queues  # a W = 0 trial reports to Tune itself: no queue actor for Train's callback
     first = _children(parent.uri, parent.run_id)
     assert [r.data.tags["trial"] for r in first] == ["m=0.9 seed=0"]
     assert first[0].info.status == "FINISHED"
