@@ -128,8 +128,9 @@ test-avx2:
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(MAKE) test
 
 # Refresh tests/durations.json, which orders the suite longest first (commit it with the tests it times).
+# One worker per core, as make test-fast runs: a test measured over 2 s there is slow (tests/conftest.py).
 test-durations: setup-test chromium peers
-	$(PY) -m pytest $(XDIST) --write-durations tests/durations.json $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(FAST_WORKERS) --dist loadgroup --write-durations tests/durations.json $(PYTEST_ARGS)
 
 # The container path run for real (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
 # from Debian where apt-get works and we are root (podman-compose comes with the dev extra); a stand-in for
