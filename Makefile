@@ -97,8 +97,9 @@ repro: setup
 	$(VENV)/bin/mocolab repro $(REPRO_ARGS)
 
 # The suite runs on one pytest-xdist worker per core and one more (TEST_WORKERS=1: one process): its long
-# tests wait in part (servers and nodes coming up, a killed node's restart), and a third worker on two
-# cores fills those waits (cores 97 % busy against 87 %, 21m39s of tests against 22m58s: docs/contributing.md).
+# tests wait in part (servers and nodes coming up, a killed node's restart), and the extra worker fills
+# those waits (on two cores: 94-95 % busy against 87-88 %, 21m14s-21m56s of tests against 22m58s-23m51s on
+# fresh clones: benchmarks/RESULTS.md).
 # make test-fast stays at one per core: its short tests do not wait, and a third worker's imports cost
 # more than it fills (50.8 s against 43.7 s). Tests that start Ray on its default ports run in a network
 # namespace of their own; where none can be made (not root, user namespaces off) they run alone after the rest.
