@@ -12,6 +12,8 @@
 #                                 is required (the admin user's password, MLFLOW_ADMIN_USER default admin)
 #                                 and clients log with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD.
 set -euo pipefail
+# MLflow's job runner (consumers for its GenAI evaluation jobs) serves nothing of mocolab's: off unless asked
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
 : "${MLFLOW_BACKEND_STORE_URI:?set MLFLOW_BACKEND_STORE_URI (postgresql+psycopg2://user:password@host:5432/db or sqlite:///path)}"
 args=(server --host "${MLFLOW_HOST:-0.0.0.0}" --port "${MLFLOW_PORT:-5000}" --workers "${MLFLOW_WORKERS:-2}"
       --backend-store-uri "$MLFLOW_BACKEND_STORE_URI"

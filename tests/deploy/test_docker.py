@@ -23,6 +23,7 @@ import urllib.request
 from base64 import b64encode
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 import yaml
@@ -146,6 +147,13 @@ def test_entrypoints_refuse_bad_settings_with_the_fix(tmp_path):
     assert res.returncode == 2 and "usage: ray-node.sh head|worker" in res.stderr
 
 
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone meanwhile
+        return None
+
+
 @pytest.mark.slow
 def test_mlflow_entrypoint_serves_with_basic_auth(tmp_path, free_port):
     port = free_port()
@@ -174,6 +182,10 @@ def test_mlflow_entrypoint_serves_with_basic_auth(tmp_path, free_port):
                 got = err.code
             assert got == code, (host, got)
         assert "auth basic" in log.read_text()
+        # and no job runner beside the server: MLflow's GenAI evaluation consumers serve nothing here
+        runners = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                   if "huey" in " ".join(p.info["cmdline"] or []) and _session(p.pid) == proc.pid]
+        assert not runners, runners
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
