@@ -107,6 +107,7 @@ CORES := $(shell nproc 2>/dev/null || echo 1)
 TEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
 FAST_WORKERS ?= $(CORES)
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
+XDIST_FAST = -n $(FAST_WORKERS) --dist loadgroup
 NETNS := $(shell unshare --net -- ip link set lo up >/dev/null 2>&1 && echo yes)
 
 test: setup-test chromium peers
@@ -120,7 +121,7 @@ endif
 
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
 test-fast: setup-test chromium
-	$(PY) -m pytest -n $(FAST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST_FAST) -m "not slow" $(PYTEST_ARGS)
 
 # The suite as an AVX2-only machine runs it: torch's, oneDNN's and MKL's vector code capped at AVX2 (no
 # AVX-512, no BF16), so run.precision=auto resolves to fp32 there too. It imitates the instruction set, not
@@ -131,7 +132,7 @@ test-avx2:
 # Refresh tests/durations.json, which orders the suite longest first (commit it with the tests it times).
 # One worker per core, as make test-fast runs: a test measured over 2 s there is slow (tests/conftest.py).
 test-durations: setup-test chromium peers
-	$(PY) -m pytest -n $(FAST_WORKERS) --dist loadgroup --write-durations tests/durations.json $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST_FAST) --write-durations tests/durations.json $(PYTEST_ARGS)
 
 # The container path run for real (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
 # from Debian where apt-get works and we are root (podman-compose comes with the dev extra); a stand-in for

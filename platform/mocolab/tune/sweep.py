@@ -109,13 +109,13 @@ def _report_callback(metric: str | None):
 def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker: float) -> None:
     label, over = trial_overrides(sweep, config, cpus_per_worker, tune.get_context().get_trial_id())
     cfg = build_config(sweep.preset, over)
+    metric = sweep.metric if sweep.search != "grid" else None  # a search's; a grid sends every report
     # Ray Train workers report to Tune through the callback; a W = 0 loop reports itself (train/session.py),
     # and the callback would only start its queue actor, a process that is never read
-    callbacks = [_report_callback(sweep.metric if sweep.search != "grid" else None)] if cfg.run.num_workers else None
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
               tags={SWEEP_TAG: sweep.name, "trial": label, **sweep.source}, display_name=label,
-              callbacks=callbacks,
-              tune_trial=True, tune_metric=sweep.metric if sweep.search != "grid" else None, progress=print)
+              callbacks=[_report_callback(metric)] if cfg.run.num_workers else None,
+              tune_trial=True, tune_metric=metric, progress=print)
     nan = float("nan")
     tune.report({"final": 1.0, "status": out.status, "label": label, "epoch": cfg.optim.epochs,
                  "linear_top1": out.linear_top1 if out.linear_top1 is not None else nan,
