@@ -59,6 +59,8 @@ PLUGIN = textwrap.dedent('''
         os.makedirs(group, exist_ok=True)
         with open(os.path.join(group, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
+        with open(os.path.join(os.environ["SUITE_CPU_OUT"], f"{os.getpid()}.group"), "w") as f:
+            f.write(group)  # for the script to remove it, however the run ends
         _state.update(group=group, v1=os.environ["SUITE_CPU_V1"] == "1", tests={})
 
     @pytest.hookimpl(hookwrapper=True)
@@ -137,10 +139,14 @@ def main() -> None:
                "-p", "_suite_cpu_plugin", *extra]
         print(f"machine: {cpu_description()}\n$ {' '.join(cmd)}", flush=True)
         t0 = time.monotonic()
-        rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+        try:
+            rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+        except KeyboardInterrupt:
+            raise SystemExit("interrupted: no figures") from None
+        finally:  # an interrupted run leaves no cgroup behind either
+            leaked = {g: release(Path(g), root) for g in (p.read_text() for p in out_dir.glob("*.group"))}
         wall = time.monotonic() - t0
         reports = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
-    leaked = {r["group"]: release(Path(r["group"]), root) for r in reports}
     tests = {k: v for r in reports for k, v in r["tests"].items()}
     if not tests:
         raise SystemExit(f"pytest exited {rc} and no worker reported a test")
