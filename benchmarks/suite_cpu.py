@@ -7,8 +7,9 @@ is CPU seconds: under three xdist workers on two cores its wall time says as muc
 about it, and `benchmarks/process_cpu.py` sees kinds of process, not tests. Here each pytest-xdist worker
 moves itself into a cgroup of its own, which every process it starts inherits whatever reparents it (a
 raylet's workers, a cluster node's daemons, a killed driver's children); the cgroup's CPU time (user +
-system) is read before and after each test, its fixtures' set-up and teardown included. Runs the suite as
-`make test` does (one worker per core and one more, --dist loadgroup) unless told otherwise.
+system) is read before and after each test, its fixtures' set-up and teardown included. The suite runs
+through `make test` itself (its set-up, its workers, its network-namespace fallback), the plugin and any
+PYTEST_ARGS added; --workers sets its TEST_WORKERS.
 
 Needs a cgroup file system it may write (root, or a delegated subtree): cgroup v1's cpuacct controller or
 v2's cpu.stat; says which is missing otherwise.
@@ -24,6 +25,7 @@ import argparse
 import collections
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -121,10 +123,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=40, help="tests printed (default 40)")
     ap.add_argument("--json", type=Path, help="also write {test: [CPU s, wall s]} here")
-    ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) + 1,
-                    help="pytest-xdist workers (default: one per core and one more, as make test)")
+    ap.add_argument("--workers", type=int, help="pytest-xdist workers (default: make test's, TEST_WORKERS)")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         ap.error(f"--workers: {args.workers} must be >= 1")
     root, v1 = cgroup_root()
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,9 +136,9 @@ def main() -> None:
         env = {**os.environ, "SUITE_CPU_ROOT": str(root), "SUITE_CPU_V1": "1" if v1 else "0",
                "SUITE_CPU_OUT": str(out_dir),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))}
-        cmd = [sys.executable, "-m", "pytest", "-n", str(args.workers), "--dist", "loadgroup",
-               "-p", "_suite_cpu_plugin", *extra]
-        print(f"machine: {cpu_description()}\n$ {' '.join(cmd)}", flush=True)
+        cmd = ["make", "-C", str(REPO), "test", f"PYTEST_ARGS={shlex.join(['-p', '_suite_cpu_plugin', *extra])}",
+               *([f"TEST_WORKERS={args.workers}"] if args.workers else [])]
+        print(f"machine: {cpu_description()}\n$ {shlex.join(cmd)}", flush=True)
         t0 = time.monotonic()
         try:
             rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
@@ -149,9 +150,9 @@ def main() -> None:
         reports = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
     tests = {k: v for r in reports for k, v in r["tests"].items()}
     if not tests:
-        raise SystemExit(f"pytest exited {rc} and no worker reported a test")
+        raise SystemExit(f"make test exited {rc} and no pytest worker reported a test")
     total = sum(cpu for cpu, _ in tests.values())
-    print(f"\n{len(tests)} tests in {wall:.0f} s (pytest exit status {rc}); {total:.0f} CPU s inside tests, "
+    print(f"\n{len(tests)} tests in {wall:.0f} s (make test exit status {rc}); {total:.0f} CPU s inside tests, "
           f"{sum(r['total'] for r in reports):.0f} CPU s in the {len(reports)} workers' cgroups")
     print(f"\n{'CPU s':>7} {'wall s':>7} {'share':>6}  test (cumulative share of the CPU inside tests)")
     running = 0.0
