@@ -390,39 +390,6 @@ def _logged_once(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return sorted(steps)
 
 
-@pytest.mark.slow
-@needs_fmnist
-def test_a_study_killed_with_sigkill_mid_trial_resumes_with_the_same_command(tmp_path):
-    """No handler runs on SIGKILL: the runs it leaves RUNNING and its lock are the next command's to take over.
-    One trial on a Ray Train worker (what a user's study runs on): killed in its first epoch, resumed."""
-    study = _study_cmd("--momenta", "0.99", workers=1)
-    proc = subprocess.Popen(study, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        _until(proc, "] epoch ")
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started in its session, as `kill -9 -PGID`
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == -signal.SIGKILL
-    again = subprocess.run(study, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1800)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    uri = f"sqlite:///{tmp_path / 'rel.db'}"
-    client = MlflowClient(uri)
-    runs = _runs(uri, "momentum-ablation")
-    assert not [r for r in runs if r.info.status == "RUNNING"], "a run was left RUNNING"
-    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    assert len(parent) == 1 and parent[0].info.status == "FINISHED", [r.info for r in parent]
-    assert [r.data.tags["trial"] for r in children] == ["m=0.99 seed=0"], "one run for the trial"
-    for r in children:
-        assert r.info.status == "FINISHED" and r.data.tags["mocolab.status"] == "finished"
-        assert "linear_top1" in r.data.metrics
-        assert _logged_once(client, r.info.run_id, "m") == list(range(1, 25))  # every step once, none twice
-        assert _logged_once(client, r.info.run_id, "loss")
-
-
 def _trial_driver(study_pid: int):
     """The Tune actor process a study's trial runs in (Tune's class for a function trainable)."""
     import psutil
@@ -440,30 +407,56 @@ def _trial_driver(study_pid: int):
 
 @pytest.mark.slow
 @needs_fmnist
-def test_a_trial_whose_process_dies_is_run_again_from_its_checkpoint_into_its_one_run(tmp_path):
-    """What a node lost under a trial's driver does (`make test-deploy` kills such a node): Ray Train's
-    restarts cannot bring back the controller that makes them; the study runs the trial again itself."""
-    proc = subprocess.Popen(_study_cmd("--momenta", "0.99", workers=1), cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def test_a_study_killed_with_sigkill_resumes_and_a_lost_trial_runs_again_into_its_one_run(tmp_path):
+    """Two faults of one study on a Ray Train worker (what a user's study runs on), each where it strikes:
+
+    1. SIGKILL to the study and what it started, in its trial's first epoch: no handler runs, and the runs
+       it leaves RUNNING and its lock are the next command's to take over.
+    2. The same command resumes; in its trial, the trial's process dies (what a node lost under a trial's
+       driver does; `make test-deploy` kills such a node). Ray Train's restarts cannot bring back the
+       controller that makes them: the study runs the trial again itself, from its checkpoint, and ends.
+
+    After both: one MLflow run for the trial, finished, every step's metrics logged once."""
+    study = _study_cmd("--momenta", "0.99", workers=1)
+    proc = subprocess.Popen(study, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        seen = _until(proc, "] epoch ")
-        _trial_driver(proc.pid).kill()
-        rest, _ = proc.communicate(timeout=900)
+        _until(proc, "] epoch ")
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started in its session, as `kill -9 -PGID`
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    uri = f"sqlite:///{tmp_path / 'rel.db'}"
+    assert [r.info.status for r in _runs(uri, "momentum-ablation")] == ["RUNNING"] * 2  # what SIGKILL leaves
+
+    again = subprocess.Popen(study, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = _until(again, "] epoch ")
+        _trial_driver(again.pid).kill()
+        rest, _ = again.communicate(timeout=900)
+    finally:
+        if again.poll() is None:
+            os.killpg(again.pid, signal.SIGKILL)
     out = seen + rest
-    assert proc.returncode == 0, out[-4000:]
+    assert again.returncode == 0, out[-4000:]
+    assert "taking over the lock of pid" in out, out[-4000:]
     assert "m=0.99 seed=0: the trial's process was lost" in out and "(1/2, run.max_failures)" in out, out[-4000:]
     assert "sweep: 1/1 trials done" in out, out[-4000:]  # the lost attempt is not counted as a trial
-    uri = f"sqlite:///{tmp_path / 'rel.db'}"
     client = MlflowClient(uri)
     runs = _runs(uri, "momentum-ablation")
+    assert not [r for r in runs if r.info.status == "RUNNING"], "a run was left RUNNING"
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED", [r.info for r in parent]
     assert [r.data.tags["trial"] for r in children] == ["m=0.99 seed=0"], "one run for the trial"
-    assert "linear_top1" in children[0].data.metrics
-    assert _logged_once(client, children[0].info.run_id, "m") == list(range(1, 25))  # every step once
+    for r in children:
+        assert r.info.status == "FINISHED" and r.data.tags["mocolab.status"] == "finished"
+        assert "linear_top1" in r.data.metrics
+        assert _logged_once(client, r.info.run_id, "m") == list(range(1, 25))  # every step once, none twice
+        assert _logged_once(client, r.info.run_id, "loss")
 
 
 @pytest.mark.slow
