@@ -185,7 +185,7 @@ def _submit(cmd: list[str], env: dict, cwd: Path) -> tuple[int, str]:
 def test_working_dir_job_runs_on_nodes_that_have_no_mocolab(tmp_path, cluster_without_mocolab):
     url, env = cluster_without_mocolab
     submit = [str(BIN / "ray"), "job", "submit", "--address", url, "--working-dir", ".", "--",
-              "python", "experiments/momentum_ablation.py", "--preset", "smoke", "--momenta", "0.9,0.99",
+              "python", "experiments/momentum_ablation.py", "--preset", "smoke", "--momenta", "0.99",
               "--set", "data.subset=1024", "--set", "eval.knn_bank=1024", "--set", "eval.knn_test=500",
               "--set", "eval.linear_train=1024", "--set", "eval.linear_steps=20", "--set", "optim.max_steps=10",
               "--set", "queue.size=512", "--name", "cluster-smoke"]
@@ -199,4 +199,4 @@ def test_working_dir_job_runs_on_nodes_that_have_no_mocolab(tmp_path, cluster_wi
     rc, out = _submit(submit + ["--tracking-uri", uri, "--storage", str(tmp_path / "sweeps")], env, REPO)
     assert rc == 0 and "succeeded" in out, out[-6000:]
     assert "Ray cluster: 2 node(s) checked" in out and "working_dir_files" in out, out[-4000:]
-    check_study_in_mlflow(uri, ["m=0.9 seed=0", "m=0.99 seed=0"])
+    check_study_in_mlflow(uri, ["m=0.99 seed=0"])  # one trial: what the job proves is where its code came from
