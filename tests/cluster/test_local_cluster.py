@@ -1,6 +1,6 @@
 """``mocolab cluster``: real Ray nodes, a real PostgreSQL server under a real ``mlflow server``.
 
-Two clusters: README's block run as written (default ports, a fresh home folder; four trials log at
+Two clusters: README's block run as written (default ports, a fresh home folder; two trials log at
 once and every metric is counted), and one on free ports where a two-worker run is SPREAD over two
 nodes, one node is killed mid-run, a fresh one joins, and the run finishes from its checkpoint into
 one MLflow run.  Each is stopped with ``mocolab cluster down``, which is checked to leave nothing.
@@ -30,7 +30,7 @@ from mocolab.data import fashion_mnist_dir
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
-# Each cluster holds several GiB (a node per worker, four trials at once): two at a time ran this 24 GiB
+# Each cluster holds several GiB (a node per worker, trials at once): two at a time ran this 24 GiB
 # machine out of memory, so in a parallel suite they run one after another on one worker.
 CLUSTERS = "mocolab-clusters"
 needs_postgres = pytest.mark.skipif(find_bindir() is None, reason="PostgreSQL server binaries not installed (make setup)")
@@ -91,7 +91,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path):
 @needs_data
 @needs_postgres
 @pytest.mark.xdist_group(CLUSTERS)
-def test_readme_block_four_trials_log_every_metric_to_mlflow(tmp_path, free_port):
+def test_readme_block_two_trials_log_every_metric_to_mlflow(tmp_path, free_port):
     """As written, where Debian's PostgreSQL server is installed (the sqlite store a machine without it gets
     is the node-loss test's)."""
     block = readme_block()
@@ -123,8 +123,8 @@ def test_readme_block_four_trials_log_every_metric_to_mlflow(tmp_path, free_port
         exp = client.get_experiment_by_name("momentum-ablation")
         runs = client.search_runs([exp.experiment_id])
         children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-        assert sorted(r.data.tags["trial"] for r in children) == [f"m={m} seed=0" for m in ("0", "0.9", "0.99", "0.999")]
-        # the four ran at once: some moment lies inside all four runs
+        assert sorted(r.data.tags["trial"] for r in children) == ["m=0.9 seed=0", "m=0.99 seed=0"]
+        # the two ran at once: some moment lies inside both runs
         assert max(r.info.start_time for r in children) < min(r.info.end_time for r in children)
         # every epoch's every metric arrived: 2 epochs x 4 steps, one point per epoch, none twice; the
         # per-step series (the m each step used, the first layer's gradient norm) one point per step
@@ -139,7 +139,7 @@ def test_readme_block_four_trials_log_every_metric_to_mlflow(tmp_path, free_port
                 assert metric_steps(client, r.info.run_id, key) == list(range(1, 9)), (r.data.tags["trial"], key)
                 counted += 8
             assert "linear_top1" in r.data.metrics
-        assert counted == 4 * (6 * 2 + 2 * 8)
+        assert counted == 2 * (6 * 2 + 2 * 8)
         assert Path(cluster_dir / "storage").is_dir() and any((cluster_dir / "storage").iterdir())
     finally:
         os.environ.pop("PGPASSFILE", None)
