@@ -11,6 +11,9 @@ TEST_STAMP := $(VENV)/.mocolab-test-installed
 MOCOLAB_DATA ?= $(HOME)/.cache/mocolab
 FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
+# apt-get one at a time (dpkg and apt's lists take a lock each, and a second apt-get fails on it): the
+# set-up's steps run side by side (SETUP, below)
+APT_GET := $(if $(shell command -v flock),flock /tmp/.mocolab-apt.lock )apt-get
 
 .PHONY: setup setup-test data postgres chromium peers run repro test test-fast test-avx2 test-durations test-deploy train clean
 
@@ -39,8 +42,8 @@ data: $(STAMP)
 	  echo "Fashion-MNIST: present"; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  echo "Fashion-MNIST: apt-get install dataset-fashion-mnist"; \
-	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
-	   (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist)) ; \
+	  ($(APT_GET) install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	   ($(APT_GET) update -qq && $(APT_GET) install -y -qq dataset-fashion-mnist)) ; \
 	else \
 	  echo "Fashion-MNIST: downloading into $(MOCOLAB_DATA)"; \
 	  $(PY) -c "import torchvision; torchvision.datasets.FashionMNIST('$(MOCOLAB_DATA)', download=True)"; \
@@ -53,8 +56,8 @@ postgres:
 	  echo "PostgreSQL: present"; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  echo "PostgreSQL: apt-get install postgresql"; \
-	  (apt-get install -y -qq postgresql >/dev/null 2>&1 || \
-	   (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || \
+	  ($(APT_GET) install -y -qq postgresql >/dev/null 2>&1 || \
+	   ($(APT_GET) update -qq && $(APT_GET) install -y -qq postgresql >/dev/null) || \
 	   echo "PostgreSQL: apt-get failed (mocolab cluster uses sqlite; its PostgreSQL tests skip)"); \
 	else \
 	  echo "PostgreSQL: not installed (mocolab cluster uses sqlite; its PostgreSQL tests skip)"; \
@@ -68,8 +71,8 @@ chromium:
 	  echo "Chromium: present"; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  echo "Chromium: apt-get install chromium"; \
-	  (apt-get install -y -qq chromium >/dev/null 2>&1 || \
-	   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+	  ($(APT_GET) install -y -qq chromium >/dev/null 2>&1 || \
+	   ($(APT_GET) update -qq && $(APT_GET) install -y -qq chromium >/dev/null) || \
 	   echo "Chromium: apt-get failed (the MLflow UI test skips)"); \
 	else \
 	  echo "Chromium: not installed (the MLflow UI test skips)"; \
@@ -110,7 +113,12 @@ XDIST = -n $(TEST_WORKERS) --dist loadgroup
 XDIST_FAST = -n $(FAST_WORKERS) --dist loadgroup
 NETNS := $(shell unshare --net -- ip link set lo up >/dev/null 2>&1 && echo yes)
 
-test: setup-test chromium peers
+# What the suite needs, its independent steps side by side: on a fresh machine apt-get installs Chromium (and
+# PostgreSQL, Fashion-MNIST where missing) while pip installs mocolab, which alone keeps one core busy.
+SETUP = $(MAKE) --no-print-directory -j2 --output-sync=target
+
+test:
+	@$(SETUP) setup-test chromium peers
 ifeq ($(NETNS),yes)
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 else
@@ -120,7 +128,8 @@ else
 endif
 
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
-test-fast: setup-test chromium
+test-fast:
+	@$(SETUP) setup-test chromium
 	$(PY) -m pytest $(XDIST_FAST) -m "not slow" $(PYTEST_ARGS)
 
 # The suite as an AVX2-only machine runs it: torch's, oneDNN's and MKL's vector code capped at AVX2 (no
@@ -131,7 +140,8 @@ test-avx2:
 
 # Refresh tests/durations.json, which orders the suite longest first (commit it with the tests it times).
 # One worker per core, as make test-fast runs: a test measured over 2 s there is slow (tests/conftest.py).
-test-durations: setup-test chromium peers
+test-durations:
+	@$(SETUP) setup-test chromium peers
 	$(PY) -m pytest $(XDIST_FAST) --write-durations tests/durations.json $(PYTEST_ARGS)
 
 # The container path run for real (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
