@@ -115,10 +115,11 @@ NETNS := $(shell unshare --net -- ip link set lo up >/dev/null 2>&1 && echo yes)
 
 # What the suite needs, its independent steps side by side: on a fresh machine apt-get installs Chromium (and
 # PostgreSQL, Fashion-MNIST where missing) while pip installs mocolab, which alone keeps one core busy.
-SETUP = $(MAKE) --no-print-directory -j2 --output-sync=target
+# ($(MAKE) written out in each recipe: make -n runs such a line, so a dry run shows the set-up's commands too)
+SETUP = --no-print-directory -j2 --output-sync=target
 
 test:
-	@$(SETUP) setup-test chromium peers
+	@$(MAKE) $(SETUP) setup-test chromium peers
 ifeq ($(NETNS),yes)
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 else
@@ -129,7 +130,7 @@ endif
 
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
 test-fast:
-	@$(SETUP) setup-test chromium
+	@$(MAKE) $(SETUP) setup-test chromium
 	$(PY) -m pytest $(XDIST_FAST) -m "not slow" $(PYTEST_ARGS)
 
 # The suite as an AVX2-only machine runs it: torch's, oneDNN's and MKL's vector code capped at AVX2 (no
@@ -141,7 +142,7 @@ test-avx2:
 # Refresh tests/durations.json, which orders the suite longest first (commit it with the tests it times).
 # One worker per core, as make test-fast runs: a test measured over 2 s there is slow (tests/conftest.py).
 test-durations:
-	@$(SETUP) setup-test chromium peers
+	@$(MAKE) $(SETUP) setup-test chromium peers
 	$(PY) -m pytest $(XDIST_FAST) --write-durations tests/durations.json $(PYTEST_ARGS)
 
 # The container path run for real (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
