@@ -123,7 +123,8 @@ def test_readme_block_two_trials_log_every_metric_to_mlflow(tmp_path, free_port)
         exp = client.get_experiment_by_name("momentum-ablation")
         runs = client.search_runs([exp.experiment_id])
         children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-        assert sorted(r.data.tags["trial"] for r in children) == ["m=0.9 seed=0", "m=0.99 seed=0"]
+        assert sorted(r.data.tags["trial"] for r in children) == ["m=0.9 seed=0", "m=0.99 seed=0"], \
+            errors + "\n--- output\n" + out[-5000:]
         # the two ran at once: some moment lies inside both runs
         assert max(r.info.start_time for r in children) < min(r.info.end_time for r in children)
         # every epoch's every metric arrived: 2 epochs x 4 steps, one point per epoch, none twice; the

@@ -27,7 +27,8 @@ LAZY: dict[str, set[str]] = {
                     "mocolab.train.resources", "mocolab.tracking"},
     "repro/run.py": {"torch", "mocolab.hardware", "mocolab.repro.baselines", "mocolab.tracking",
                      "mocolab.repro.document", "mocolab.repro.export"},
-    "tune/study.py": {"mocolab.tune.sweep", "mocolab.tracking.models", "mocolab.report", "mocolab.tracking"},
+    "tune/study.py": {"mocolab.tune.sweep", "mocolab.tune.lost", "mocolab.tracking.models", "mocolab.report",
+                      "mocolab.tracking"},
     "tune/grid.py": {"mocolab.analysis"},
     # a study answers --help and refuses its flags before pandas, matplotlib and MLflow draw its report
     "studies/augmentation.py": {"mocolab.analysis"},

@@ -123,7 +123,9 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     check_job_paths({"run.output_dir": None if is_uri(cfg.run.output_dir) else cfg.run.output_dir,
                      "tracking URI": local_store_path(uri) if log_to_mlflow else None})
     if log_to_mlflow:
-        check_tracking_uri(uri)
+        # a trial's server answered its sweep's driver moments ago: slow now means busy (trials starting at
+        # once on a loaded machine), not gone, and a trial failed for it would be lost to the sweep
+        check_tracking_uri(uri, timeout=60.0 if tune_trial else 5.0)
     name = cfg.run_name
     storage = Location(cfg.run.output_dir)  # a folder, or any URI Ray Train writes to (s3://, gs://, ...)
     storage.check()

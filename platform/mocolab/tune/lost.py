@@ -11,6 +11,7 @@ itself: the trial's checkpoint and MLflow run are where it left them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ray.exceptions import (LocalRayletDiedError, NodeDiedError, OwnerDiedError, RayActorError, RayTaskError,
@@ -34,3 +35,23 @@ def lost_trials(grid: Any) -> list[str]:
         return []
     return [r.config["trial"]["label"] for r in grid
             if r.error is not None and is_lost_process(r.error) and "trial" in (r.config or {})]
+
+
+def unrecorded_errors(grid: Any, recorded: set[str]) -> list[str]:
+    """``label: error`` for each trial Tune records as errored whose MLflow run does not exist (in
+    ``recorded``, the labels of the sweep's child runs): it failed before its run was created (its
+    process could not start, its node could not read the data), so MLflow alone cannot tell the sweep
+    it did not run."""
+    if grid is None:
+        return []
+    out = []
+    for r in grid:
+        if r.error is None:
+            continue
+        label = ((r.config or {}).get("trial") or {}).get("label") or f"trial {Path(r.path).name}"
+        if label in recorded:
+            continue
+        err = r.error.cause if isinstance(r.error, RayTaskError) and r.error.cause is not None else r.error
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        out.append(f"{label}: {type(err).__name__}: {lines[-1].strip() if lines else ''}".rstrip(": "))
+    return out

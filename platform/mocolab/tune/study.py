@@ -126,7 +126,7 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
     sweep = resolve_sweep(sweep)
     with closing_on_signals():
         try:
-            parent, _ = run_sweep(sweep)
+            parent, grid = run_sweep(sweep)
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -135,7 +135,7 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
                   f"run the same command again to resume", file=sys.stderr)
             return exit_code(err)
         try:
-            return _conclude(sweep, parent, report)
+            return _conclude(sweep, parent, report, grid)
         except BaseException as err:  # the sweep ran; a failure while summarising must still close its parent
             status, mlflow_status = ending(err)
             parent.set_status(status, mlflow_status=mlflow_status,
@@ -166,15 +166,20 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
           f"'{name}' version {version}")
 
 
-def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
+def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport], grid: Any = None) -> int:
+    """Summarise, report and close the parent run; the exit status. ``grid``: Tune's results of this
+    invocation, for the trials that errored before their MLflow run existed."""
     from ..report import build_report
     from ..tracking import ui_advice, ui_links
-    from .sweep import publish_report, sweep_dir
+    from .lost import unrecorded_errors
+    from .sweep import publish_report, ray_logs_dir, sweep_dir
 
     trials = parent.trials()
+    unrecorded = unrecorded_errors(grid, set(trials["label"]) if not trials.empty else set())
     if trials.empty:
-        print("no trial ran: nothing to summarise", file=sys.stderr)
-        parent.set_status("failed", mlflow_status="FAILED", reason="no trial ran")
+        reason = "no trial ran" + (f" ({'; '.join(unrecorded)})" if unrecorded else "")
+        print(f"{reason}: nothing to summarise", file=sys.stderr)
+        parent.set_status("failed", mlflow_status="FAILED", reason=reason)
         return 1
     text, figure, table = report(sweep_dir(sweep), trials)
     stopped = trials[trials["status"] == "stopped_early"]
@@ -192,16 +197,20 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     bad = trials[trials["status"].isin(["failed", "running", "interrupted"])]
     expected = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
     left = expected - int(trials["status"].isin(["finished", "diverged", "stopped_early"]).sum()) - len(bad)
-    if bad.empty and left > 0:  # --stop-after ended this invocation early, as asked
+    # a trial missing from MLflow is one --stop-after left for later, or one that failed before its run existed
+    missing = [f"{u} (before its MLflow run was created)" for u in unrecorded]
+    if not missing and left > 0 and not sweep.stop_after:
+        missing = [f"{left} trial(s) have no MLflow run and no error from Tune (Ray's logs: {ray_logs_dir()})"]
+    if bad.empty and not missing and left > 0:  # --stop-after ended this invocation early, as asked
         print(f"\n{expected - left} of {expected} trials done (--stop-after {sweep.stop_after}); the same "
               f"command runs the other {left}.")
         parent.set_status("partial", reason=f"{left} of {expected} trials to run; the same command continues")
-    elif bad.empty:
+    elif bad.empty and not missing:
         parent.set_status("finished")
     else:
-        what = (f"all {len(trials)} trials failed" if len(bad) == len(trials)
-                else f"{len(bad)} of {len(trials)} trials did not finish")
-        detail = "; ".join(f"{r.label}: {r.failure_reason or r.status}" for r in bad.itertuples())
+        failed = len(bad) + (len(unrecorded) if unrecorded else left)
+        what = f"all {expected} trials failed" if failed >= expected else f"{failed} of {expected} trials did not finish"
+        detail = "; ".join([f"{r.label}: {r.failure_reason or r.status}" for r in bad.itertuples()] + missing)
         print(f"\n{what}: {detail}\nRun the same command again to retry them.", file=sys.stderr)
         parent.set_status("failed", mlflow_status="FAILED", reason=f"{what}: {detail}")
     print(f"\nMLflow: experiment '{sweep.study}', parent run {parent.run_id} with {len(trials)} child runs.")
@@ -215,4 +224,4 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
         print(f"Plot: {figure}")
     print(f"Report: {rep.html}  (also under the parent run's artifacts, report/"
           + (f", and at {published})" if published else ")"))
-    return 0 if bad.empty else 1
+    return 0 if bad.empty and not missing else 1
