@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # what each script must print: its figures, not just a clean exit; and the size override appended
 EXPECTED = {
     "step_ab.py": ("--rounds 1 --steps 1 --set data.subset=1024 --set queue.size=256 --set optim.batch_size=64",
-                   [r"variant\s+images/s", r"all\s+\d+\s+\d\.\d\d"]),
+                   [r"variant\s+images/s", r"all\s+\d+\s+\d+\.\d\d"]),
     "roofline.py": ("--steps 2 --warmup 1 --preset smoke",
                     [r"dense matmul peak \(fp32", r"GFLOP per step, [\d.]+ steps/s .* of the fp32 matmul peak",
                      r"(?m)^(dense matmul peak \(bf16|bf16: not measured, this CPU has no native bf16)"]),
