@@ -275,6 +275,9 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    if WORKER is not None and session.testsfailed == 0:
+        # this worker's Ray sessions (their logs) and locks: kept only where a test failed, to read why
+        shutil.rmtree(_own, ignore_errors=True)
     path = session.config.getoption("--write-durations", None)
     if path and WORKER is None and _SPENT:
         merged = {**(json.loads(Path(path).read_text()) if Path(path).exists() else {}),
