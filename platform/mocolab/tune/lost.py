@@ -11,7 +11,6 @@ itself: the trial's checkpoint and MLflow run are where it left them.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ray.exceptions import (LocalRayletDiedError, NodeDiedError, OwnerDiedError, RayActorError, RayTaskError,
@@ -38,18 +37,16 @@ def lost_trials(grid: Any) -> list[str]:
 
 
 def unrecorded_errors(grid: Any, recorded: set[str]) -> list[str]:
-    """``label: error`` for each trial Tune records as errored whose MLflow run does not exist (in
+    """``label: error`` for each grid trial Tune records as errored whose MLflow run does not exist (in
     ``recorded``, the labels of the sweep's child runs): it failed before its run was created (its
-    process could not start, its node could not read the data), so MLflow alone cannot tell the sweep
-    it did not run."""
+    process could not start, its name was in use), so MLflow alone cannot tell the sweep it did not run.
+    A search's trials are labelled by Tune's trial id inside the trial: the sweep counts those instead."""
     if grid is None:
         return []
     out = []
     for r in grid:
-        if r.error is None:
-            continue
-        label = ((r.config or {}).get("trial") or {}).get("label") or f"trial {Path(r.path).name}"
-        if label in recorded:
+        label = ((r.config or {}).get("trial") or {}).get("label")
+        if r.error is None or label is None or label in recorded:
             continue
         err = r.error.cause if isinstance(r.error, RayTaskError) and r.error.cause is not None else r.error
         lines = [line for line in str(err).strip().splitlines() if line.strip()]

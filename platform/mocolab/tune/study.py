@@ -172,7 +172,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     from ..report import build_report
     from ..tracking import ui_advice, ui_links
     from .lost import unrecorded_errors
-    from .sweep import publish_report, ray_logs_dir, sweep_dir
+    from .sweep import publish_report, ray_logs_dir, sweep_dir, tune_dir
 
     trials = parent.trials()
     unrecorded = unrecorded_errors(grid, set(trials["label"]) if not trials.empty else set())
@@ -200,7 +200,8 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     # a trial missing from MLflow is one --stop-after left for later, or one that failed before its run existed
     missing = [f"{u} (before its MLflow run was created)" for u in unrecorded]
     if not missing and left > 0 and not sweep.stop_after:
-        missing = [f"{left} trial(s) have no MLflow run and no error from Tune (Ray's logs: {ray_logs_dir()})"]
+        missing = [f"{left} trial(s) ended without an MLflow run (Tune's record of each: {tune_dir(sweep)}; "
+                   f"Ray's logs: {ray_logs_dir()})"]
     if bad.empty and not missing and left > 0:  # --stop-after ended this invocation early, as asked
         print(f"\n{expected - left} of {expected} trials done (--stop-after {sweep.stop_after}); the same "
               f"command runs the other {left}.")
