@@ -38,7 +38,8 @@ def test_a_grid_trial_that_errored_without_an_mlflow_run_is_named_with_its_own_e
     """The trials MLflow cannot show the sweep: errored in Tune and absent from the child runs. A trial that
     failed in training has its run (it says why there); a search's trial (no grid label) is counted by the
     sweep instead."""
-    in_use = RayTaskError("train", "Traceback ...\nmocolab.lock.InUseError: ...", InUseError("run 'a' is in use by pid 7"))
+    in_use = RayTaskError("train", "Traceback ...\nmocolab.lock.InUseError: ...",
+                          InUseError("run 'a' is in use by pid 7"))
     grid = [result("m=0.9 seed=0", None), result("m=0.99 seed=0", in_use),
             result("m=0.999 seed=0", RayTaskError("train", "tb", RuntimeError("injected fault"))),
             result("m=0 seed=0", ActorUnavailableError("gone", b"2" * 16)),

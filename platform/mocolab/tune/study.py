@@ -209,8 +209,9 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     elif bad.empty and not missing:
         parent.set_status("finished")
     else:
-        failed = len(bad) + (len(unrecorded) if unrecorded else left)
-        what = f"all {expected} trials failed" if failed >= expected else f"{failed} of {expected} trials did not finish"
+        failed = len(bad) + (len(unrecorded) if unrecorded else left if missing else 0)  # not those paused
+        what = (f"all {expected} trials failed" if failed >= expected
+                else f"{failed} of {expected} trials did not finish")
         detail = "; ".join([f"{r.label}: {r.failure_reason or r.status}" for r in bad.itertuples()] + missing)
         print(f"\n{what}: {detail}\nRun the same command again to retry them.", file=sys.stderr)
         parent.set_status("failed", mlflow_status="FAILED", reason=f"{what}: {detail}")
