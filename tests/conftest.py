@@ -56,8 +56,9 @@ os.environ.pop("RAY_ADDRESS", None)
 torch.set_num_threads(_share or (os.cpu_count() or 1))
 if WORKER is not None:
     # Shared state per worker: Ray's sessions and sockets (short path: socket names stay < 108 chars) and
-    # mocolab's run locks. Subprocesses the tests start inherit them.
-    _own = Path(tempfile.gettempdir()) / f"mt-{WORKER}-{os.getppid()}"
+    # mocolab's run locks. Subprocesses the tests start inherit them; one that imports this module for its
+    # helpers names the same folder (the same run's id), which its worker removes at the end.
+    _own = Path(tempfile.gettempdir()) / f"mt-{WORKER}-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getppid())!s:.8}"
     os.environ["RAY_TMPDIR"] = str(_own / "ray")
     os.environ["MOCOLAB_LOCKS"] = str(_own / "locks")
     Path(os.environ["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
