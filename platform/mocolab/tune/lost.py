@@ -23,17 +23,24 @@ def is_lost_process(err: BaseException | None) -> bool:
     """Whether ``err`` says the trial's process (or the Train controller it waited on) died, rather than
     that the training raised: Ray's error itself, or one the trial's function got and passed on. A run
     whose Ray Train restarts were used up fails with Ray Train's error and is not run again."""
-    if isinstance(err, LOST):
-        return True
-    return isinstance(err, RayTaskError) and isinstance(err.cause, LOST)
+    return isinstance(_cause(err), LOST)
+
+
+def _cause(err: BaseException | None) -> BaseException | None:
+    """What a trial's function raised, without Ray's RayTaskError around it."""
+    return err.cause if isinstance(err, RayTaskError) and err.cause is not None else err
+
+
+def _grid_label(result: Any) -> str | None:
+    """The label of a grid's trial (a Tune Result); None for a search's, which Tune's config does not hold."""
+    return ((result.config or {}).get("trial") or {}).get("label")
 
 
 def lost_trials(grid: Any) -> list[str]:
     """Labels of a grid's trials (a Tune ResultGrid) that ended because their process was lost."""
     if grid is None:
         return []
-    return [r.config["trial"]["label"] for r in grid
-            if r.error is not None and is_lost_process(r.error) and "trial" in (r.config or {})]
+    return [label for r in grid if (label := _grid_label(r)) and r.error is not None and is_lost_process(r.error)]
 
 
 def unrecorded_errors(grid: Any, recorded: set[str]) -> list[str]:
@@ -45,10 +52,10 @@ def unrecorded_errors(grid: Any, recorded: set[str]) -> list[str]:
         return []
     out = []
     for r in grid:
-        label = ((r.config or {}).get("trial") or {}).get("label")
+        label = _grid_label(r)
         if r.error is None or label is None or label in recorded:
             continue
-        err = r.error.cause if isinstance(r.error, RayTaskError) and r.error.cause is not None else r.error
+        err = _cause(r.error)
         lines = [line for line in str(err).strip().splitlines() if line.strip()]
         out.append(f"{label}: {type(err).__name__}: {lines[-1].strip() if lines else ''}".rstrip(": "))
     return out

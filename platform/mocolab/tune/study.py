@@ -198,10 +198,11 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     expected = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
     left = expected - int(trials["status"].isin(["finished", "diverged", "stopped_early"]).sum()) - len(bad)
     # a trial missing from MLflow is one --stop-after left for later, or one that failed before its run existed
-    missing = [f"{u} (before its MLflow run was created)" for u in unrecorded]
-    if not missing and left > 0 and not sweep.stop_after:
+    missing, n_missing = [f"{u} (before its MLflow run was created)" for u in unrecorded], len(unrecorded)
+    if not unrecorded and left > 0 and not sweep.stop_after:
         missing = [f"{left} trial(s) ended without an MLflow run (Tune's record of each: {tune_dir(sweep)}; "
                    f"Ray's logs: {ray_logs_dir()})"]
+        n_missing = left
     if bad.empty and not missing and left > 0:  # --stop-after ended this invocation early, as asked
         print(f"\n{expected - left} of {expected} trials done (--stop-after {sweep.stop_after}); the same "
               f"command runs the other {left}.")
@@ -209,7 +210,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     elif bad.empty and not missing:
         parent.set_status("finished")
     else:
-        failed = len(bad) + (len(unrecorded) if unrecorded else left if missing else 0)  # not those paused
+        failed = len(bad) + n_missing  # not the trials --stop-after paused
         what = (f"all {expected} trials failed" if failed >= expected
                 else f"{failed} of {expected} trials did not finish")
         detail = "; ".join([f"{r.label}: {r.failure_reason or r.status}" for r in bad.itertuples()] + missing)
