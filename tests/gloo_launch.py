@@ -36,11 +36,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank: int, world: int, port: int, out_dir: str, args: tuple, reports) -> None:
+def _entry(fn, rank: int, world: int, port: int, out_dir: str, args: tuple, reports,
+           collective_timeout: float = 60.0) -> None:
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+                                timeout=datetime.timedelta(seconds=collective_timeout))
         try:
             result = fn(rank, world, *args)
             torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -51,8 +52,9 @@ def _entry(fn, rank: int, world: int, port: int, out_dir: str, args: tuple, repo
         reports.put(("error", rank, traceback.format_exc()))
 
 
-def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S) -> list:
+def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S, collective_timeout: float = 60.0) -> list:
     """Run ``fn(rank, world, *args)`` in ``world`` gloo processes; return their results by rank.
+    ``collective_timeout``: how long a rank waits in a collective before the process group gives up.
 
     Fails the test on the first rank that raises (with its traceback), on a
     rank that dies without reporting, and on timeout.
@@ -61,8 +63,8 @@ def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S) -> list:
     ctx.set_forkserver_preload(PRELOAD)
     reports = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(tmp_path), args, reports), daemon=True)
-             for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(tmp_path), args, reports, collective_timeout),
+                         daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout

@@ -132,6 +132,15 @@ class TwoViews(nn.Module):
             self.view_k = _view(**common, blur_p=blur, solarize_p=0.0)
         self.normalise = Normalise(channels)
 
+    def _apply(self, fn, *args, **kwargs):
+        """Moves the normalisation's buffers only.  kornia rebuilds an augmentation's samplers on the device it
+        is moved to, where they would draw from that device's generator, which no checkpoint holds; kept on
+        the CPU they draw from the augment stream the trainer owns and checkpoints (rng.py), so a resumed run
+        draws alike and a seed gives the same views on any device.  The parameters they draw are a few
+        numbers per image, moved with the batch."""
+        self.normalise._apply(fn, *args, **kwargs)
+        return self
+
     @torch.no_grad()
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = to_float(images)

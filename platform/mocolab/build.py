@@ -19,7 +19,7 @@ from . import data as datasets
 from . import rng
 from .augment import build_augmentation
 from .config import Config
-from .hardware import resolve_precision
+from .hardware import configure_device, resolve_precision
 from .method import Method, MethodParts
 from .methods import build_method
 from .models import build_encoder
@@ -160,6 +160,7 @@ def build_run(cfg: Config, source: TrainSource, device: torch.device, world_size
         raise ValueError(f"optim.batch_size: {cfg.optim.batch_size} is larger than the training set "
                          f"({source.size} images)")
     precision = resolve_precision(cfg.run.precision, device)
+    configure_device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(rng.stream_seed("init", cfg.run.seed))  # the same initial weights on every rank
         # moco.version / moco.negatives -> MoCo v1/v2, v3, memory bank or in-batch (methods.py)

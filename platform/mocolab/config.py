@@ -164,6 +164,8 @@ class RunConfig:
     # sweep of many trials may leave them out and keep only its checkpoints
     log_models: bool = True
     max_failures: int = 2  # restarts from the latest checkpoint (of its workers, or a lost trial) before it fails
+    # seconds a rank waits in a collective (gloo, NCCL) before its process group gives up: Ray Train's default
+    collective_timeout_s: float = 1800.0
     fault_step: int = 0  # testing: one worker exits at this step on the first attempt (0 = never)
 
 
@@ -495,6 +497,7 @@ def validate(cfg: Config) -> Config:
     if r.name is not None:
         check_name("run.name", r.name)
     _range("run.gpus_per_worker", r.gpus_per_worker, 0.0, 64.0)
+    _range("run.collective_timeout_s", r.collective_timeout_s, 1.0, 7 * 86400.0)
     _range("run.checkpoint_every", r.checkpoint_every, 0)
     _range("run.keep_checkpoints", r.keep_checkpoints, 1)
     _range("run.system_metrics_s", r.system_metrics_s, 0, 86400)

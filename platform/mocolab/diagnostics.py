@@ -69,11 +69,13 @@ class DriftProbes(nn.Module):
         device = device or images.device
         ref = torch.zeros(len(pos), self.ref.shape[1], device=device)
         img = torch.zeros(len(pos), dtype=torch.long, device=device)
-        mine = (pos >= offset) & (pos < offset + images.shape[0])
-        if bool(mine.any()):
-            local = (pos[mine] - offset).to(device)
-            ref[mine.to(device)] = embed(images[local.to(images.device)]).to(device, torch.float32)
-            img[mine.to(device)] = index.to(device)[local]
+        # this rank's hits, as positions found on the host (a boolean mask on the device would wait for it)
+        mine = ((pos >= offset) & (pos < offset + images.shape[0])).nonzero().squeeze(1)
+        if mine.numel():
+            local = pos[mine] - offset
+            at = mine.to(device)
+            ref.index_copy_(0, at, embed(images[local.to(images.device)]).to(device, torch.float32))
+            img.index_copy_(0, at, index.to(device)[local.to(device)])
         if collective and rank_and_world()[1] > 1:
             dist.all_reduce(ref)
             dist.all_reduce(img)

@@ -77,6 +77,17 @@ def any_rank(flag: bool) -> bool:
     return max_over_ranks(1.0 if flag else 0.0) > 0
 
 
+def any_rank_tensor(flag: torch.Tensor) -> torch.Tensor:
+    """``flag`` (a 0-d bool on the rank's device) OR-ed over ranks, still on the device: the caller reads it
+    with whatever else it reads that step, in one transfer."""
+    _, world = rank_and_world()
+    if world == 1:
+        return flag
+    t = flag.to(torch.int32).reshape(1)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t[0] > 0
+
+
 def max_over_ranks(value: float) -> float:
     """The largest ``value`` of all ranks, on every rank (a collective: every rank must call it)."""
     _, world = rank_and_world()
@@ -160,6 +171,8 @@ class CrossRankShuffle:
     so nothing here carries autograd.
     """
 
+    crosses_ranks = True  # images travel between ranks (MoCo.compute_keys sends them in the encoder's dtype)
+
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -222,10 +235,13 @@ class ReplicatedKeyQueue(KeyQueue):
         super().__init__(size, dim, batch_size, generator, world_size=world, policy=policy, seed=seed)
 
     @torch.no_grad()
-    def enqueue(self, keys: torch.Tensor, step: int, index: torch.Tensor | None = None) -> torch.Tensor:
-        """keys: B×C on this rank; enqueues the global (B·W)×C batch, rank-major (``index`` likewise).
+    def enqueue(self, keys: torch.Tensor, step: int | torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """keys: B×C on this rank; enqueues the global (B·W)×C batch, rank-major (``index`` likewise, moved to
+        the keys' device first: the loader hands it on the CPU, and NCCL gathers device tensors only).
         Every rank draws the same random slots (one seed), so the replicas stay equal."""
-        return super().enqueue(gather_no_grad(keys), step, gather_no_grad(index) if index is not None else None)
+        if index is not None:
+            index = gather_no_grad(index.to(keys.device, non_blocking=True))
+        return super().enqueue(gather_no_grad(keys), step, index)
 
 
 class ShardedKeyQueue(KeyQueue):
@@ -296,7 +312,7 @@ class ShardedKeyQueue(KeyQueue):
         world, b, g = self.world_size, self.batch_size, self.global_batch
         parts = _all_gather_cat(local.contiguous()).view(world, self.size // g, b, *local.shape[1:])
         flat = parts.transpose(0, 1).reshape(self.size, *local.shape[1:])  # slot n·G + r·B + i
-        p = int(self.ptr) // b * g  # the replicated queue's ptr
+        p = self._ptr // b * g  # the replicated queue's ptr
         return torch.cat([flat[p:], flat[:p]])
 
     def ordered_global(self) -> torch.Tensor:
@@ -314,7 +330,7 @@ def gather_queue_state(queue: KeyQueue) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if isinstance(queue, ShardedKeyQueue):
         return queue.ordered_global(), queue.ordered_write_step_global()
-    p = int(queue.ptr)
+    p = queue._ptr
     return queue.ordered(), torch.cat([queue.write_step[p:], queue.write_step[:p]])
 
 

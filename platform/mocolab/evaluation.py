@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .augment import Normalise, to_float
+from .method import encoder_autocast
 
 if TYPE_CHECKING:
     from .config import EvalConfig
@@ -44,12 +45,11 @@ def extract_features(backbone: Callable[[torch.Tensor], torch.Tensor], images: t
     if module is not None:
         module.eval()
     norm = Normalise(images.shape[1]).to(device)
-    kind = torch.device(device).type
     out = []
     try:
         for i in range(0, images.shape[0], batch_size):
             x = norm(to_float(images[i:i + batch_size].to(device)))
-            with torch.autocast(kind, dtype=dtype or torch.float32, enabled=dtype is not None):
+            with encoder_autocast(torch.device(device), dtype):
                 out.append(backbone(x).float().cpu())
     finally:
         if module is not None:
@@ -59,29 +59,35 @@ def extract_features(backbone: Callable[[torch.Tensor], torch.Tensor], images: t
 
 @torch.no_grad()
 def knn_predict(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
-                classes: int, k: int = 200, t: float = 0.1, chunk: int = 1024) -> torch.Tensor:
+                classes: int, k: int = 200, t: float = 0.1, chunk: int = 1024,
+                device: torch.device | str | None = None) -> torch.Tensor:
     """Weighted kNN (Wu et al. 2018): the k most cosine-similar training samples vote with weight exp(s/t).
 
     The weights are computed as exp((s − s_max)/t), the same votes up to one factor per query, so no
-    temperature t > 0 overflows (exp(1/t) is inf in float32 for t < 0.012).
+    temperature t > 0 overflows (exp(1/t) is inf in float32 for t < 0.012).  ``device``: where the
+    similarities are computed (the training GPU: an ImageNet bank is 1.28 M rows); predictions come back
+    on the CPU.
     """
-    bank = F.normalize(train_feats, dim=1)
+    device = torch.device(device) if device is not None else train_feats.device
+    bank = F.normalize(train_feats.to(device), dim=1)
+    labels = train_labels.to(device)
     k = min(k, bank.shape[0])
     preds = []
     for i in range(0, test_feats.shape[0], chunk):
-        q = F.normalize(test_feats[i:i + chunk], dim=1)
+        q = F.normalize(test_feats[i:i + chunk].to(device), dim=1)
         sim, idx = (q @ bank.T).topk(k, dim=1)  # chunk×k
         weights = ((sim - sim[:, :1]) / t).exp()  # topk sorts: column 0 holds each row's maximum
-        votes = torch.zeros(q.shape[0], classes, dtype=weights.dtype)
-        votes.scatter_add_(1, train_labels[idx], weights)
+        votes = torch.zeros(q.shape[0], classes, dtype=weights.dtype, device=device)
+        votes.scatter_add_(1, labels[idx], weights)
         preds.append(votes.argmax(dim=1))
-    return torch.cat(preds)
+    return torch.cat(preds).cpu() if preds else torch.empty(0, dtype=torch.long)
 
 
 def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
-                 test_labels: torch.Tensor, classes: int, k: int = 200, t: float = 0.1) -> float:
-    pred = knn_predict(train_feats, train_labels, test_feats, classes, k, t)
-    return float((pred == test_labels).float().mean())
+                 test_labels: torch.Tensor, classes: int, k: int = 200, t: float = 0.1,
+                 device: torch.device | str | None = None) -> float:
+    pred = knn_predict(train_feats, train_labels, test_feats, classes, k, t, device=device)
+    return float((pred == test_labels.cpu()).float().mean())
 
 
 @dataclass
@@ -105,15 +111,20 @@ class ProbeResult:
 
 def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                  test_labels: torch.Tensor, classes: int, *, weight_decay: float = 1e-4,
-                 steps: int = 200, dtype: torch.dtype = torch.float32) -> ProbeResult:
+                 steps: int = 200, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> ProbeResult:
     """Multinomial logistic regression on standardised frozen features, fitted by full-batch L-BFGS.
 
     Standardising with the training mean/std makes one weight decay serve
     every encoder; L-BFGS from zeros has no randomness, so the probe is a
     deterministic function of the features.  The statistics are float64; the
     fit runs in ``dtype``: float32 is about 7 % faster than float64 at cpu-quick;
-    its test top-1 stays within 7 of 10,000 images (benchmarks/eval_precision.py).
+    its test top-1 stays within 7 of 10,000 images (benchmarks/eval_precision.py).  ``device``: where
+    the fit runs (the training GPU for a large set); the fitted probe comes back on the CPU.
     """
+    device = torch.device(device) if device is not None else train_feats.device
+    train_feats, test_feats = train_feats.to(device), test_feats.to(device)
+    train_labels, test_labels = train_labels.to(device), test_labels.to(device)
     x = train_feats.double()
     mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
     # features as D×N: the gradient of the weights is then (K×N)·(N×D) over contiguous rows, where the
@@ -121,8 +132,8 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
     xs = ((x - mean) / std).to(dtype).T.contiguous()
     del x
     xt = ((test_feats.double() - mean) / std).to(dtype).T.contiguous()
-    w = torch.zeros(classes, xs.shape[0], dtype=dtype, requires_grad=True)  # K×D: logitsᵀ = W·Xᵀ + b
-    b = torch.zeros(classes, dtype=dtype, requires_grad=True)
+    w = torch.zeros(classes, xs.shape[0], dtype=dtype, device=device, requires_grad=True)  # K×D: logitsᵀ = W·Xᵀ + b
+    b = torch.zeros(classes, dtype=dtype, device=device, requires_grad=True)
     opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=steps, history_size=20, line_search_fn="strong_wolfe",
                             tolerance_grad=1e-9, tolerance_change=1e-12)
 
@@ -140,7 +151,8 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
     with torch.no_grad():
         train_top1 = float((logits(xs).argmax(1) == train_labels).double().mean())
         test_top1 = float((logits(xt).argmax(1) == test_labels).double().mean())
-    return ProbeResult(train_top1, test_top1, w.detach().T.contiguous(), b.detach(), mean, std)
+    return ProbeResult(train_top1, test_top1, w.detach().T.contiguous().cpu(), b.detach().cpu(), mean.cpu(),
+                       std.cpu())
 
 
 @dataclass
@@ -204,7 +216,8 @@ class Evaluation:
         e = self.cfg
         f_bank, l_bank = self.split_features("train", e.knn_bank)
         f_test, l_test = self.split_features(self.monitor_split, e.knn_test)
-        return knn_accuracy(f_bank, l_bank, f_test, l_test, self.source.classes, e.knn_k, e.knn_t)
+        return knn_accuracy(f_bank, l_bank, f_test, l_test, self.source.classes, e.knn_k, e.knn_t,
+                            device=self.device)
 
     def final_eval(self, progress: Callable[[str], None] | None = None,
                    embed: Embed | None = None) -> tuple[float, ProbeResult]:
@@ -234,13 +247,13 @@ class Evaluation:
                      f"{data.describe_eval('test', n_lin_test)} test images (kNN on "
                      f"{data.describe_eval('test', n_test)})")
         knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_test[:n_test], l_test[:n_test],
-                           data.classes, e.knn_k, e.knn_t)
+                           data.classes, e.knn_k, e.knn_t, device=self.device)
         res = linear_probe(f_train[:n_lin], l_train[:n_lin], f_test[:n_lin_test], l_test[:n_lin_test],
-                           data.classes, weight_decay=e.linear_wd, steps=e.linear_steps)
+                           data.classes, weight_decay=e.linear_wd, steps=e.linear_steps, device=self.device)
         scores = FinalScores(knn, res)
         if validation and self.validation:  # the same kNN bank and probe, on the held-out images
             f_val, l_val = self.split_features("val", None, embed)
             scores.val_knn = knn_accuracy(f_train[:n_bank], l_train[:n_bank], f_val, l_val, data.classes,
-                                          e.knn_k, e.knn_t)
+                                          e.knn_k, e.knn_t, device=self.device)
             scores.val_linear = res.score(f_val, l_val)
         return scores

@@ -9,7 +9,6 @@ MLflow: the in-process CLI and the Ray Train worker call the same code.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -267,15 +266,18 @@ class Trainer:
         record = self.records_step(self.step + 1)  # this step's per-step metrics are kept (run.step_metrics_every)
         for monitor in self.monitors:
             monitor.before_step(record)
-        im_q, im_k = self.augment(images.to(self.device, non_blocking=True))  # two views: B×C×H×W each
+        im_q, im_k = self.augment(to_device(images, self.device))  # two views: B×C×H×W each
         # MoCo forward: query encoder, EMA update of the key encoder, keys on a shuffled batch,
         # InfoNCE against the queue, enqueue the keys (moco.py); v3: both views, keys of the global batch
-        out = self.model(im_q, im_k, index)
+        out = self.model(im_q, im_k, None if index is None else to_device(index, self.device))
         for monitor in self.monitors:  # the drift probes among the slots this step wrote
             monitor.after_forward(self.step, out, images, index)
-        loss = float(out.loss.detach())
-        # decided across ranks: one rank's NaN stops every rank at this step, so no collective waits forever
-        if mdist.any_rank(not math.isfinite(loss) or loss > self.divergence_threshold):
+        loss_t = out.loss.detach().float()
+        # decided across ranks: one rank's NaN stops every rank at this step, so no collective waits forever;
+        # the decision, the loss and the pretext accuracy reach the host in the step's one transfer
+        bad = mdist.any_rank_tensor(~torch.isfinite(loss_t) | (loss_t > self.divergence_threshold))
+        loss, acc, diverged = torch.stack([loss_t, out.correct.float().mean(), bad.float()]).cpu().tolist()
+        if diverged:
             return StepResult(loss, 0.0, lr, diverged=True, m=m)  # no update from a garbage loss
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()  # gradients reach the query encoder only; DDP averages them across ranks
@@ -284,7 +286,7 @@ class Trainer:
             monitored.update(monitor.after_backward(record))
         self.optimizer.step()
         self.step += 1
-        return StepResult(loss, out.pretext_accuracy, lr, diverged=False, m=m, monitored=monitored)
+        return StepResult(loss, acc, lr, diverged=False, m=m, monitored=monitored)
 
     def measure_epoch(self) -> dict:
         """The monitors' ``end_epoch`` fields of the finished epoch's ``EpochRecord`` (staleness, key drift,
@@ -359,6 +361,14 @@ class ConsoleProgress:
                  f"{100 * scores.probe.test_top1:.2f}%  kNN top-1 {100 * scores.knn:.2f}%{val_txt}")
 
 
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A loader's CPU batch on the training device.  To a GPU through pinned memory, so the copy is
+    asynchronous and the host runs ahead; on the CPU the batch itself."""
+    if device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+        batch = batch.pin_memory()
+    return batch.to(device, non_blocking=True)
+
+
 def fmt_time(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -367,7 +377,8 @@ def fmt_time(seconds: float) -> str:
 def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None = None,
                  on_step: Callable[[Trainer], None] | None = None,
                  progress: Callable[[str], None] | None = print, trainer: Trainer | None = None,
-                 measure_init: bool = False) -> TrainResult:
+                 measure_init: bool = False,
+                 before_evaluation: Callable[[Trainer], None] | None = None) -> TrainResult:
     """Train to the end, monitoring kNN per epoch; finish with kNN and the linear probe.
 
     With several ranks every rank calls this in lockstep (``on_epoch`` and
@@ -376,6 +387,9 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     for them.  A trainer restored from a checkpoint continues where it was.
     A diverged run stops at once and returns its last loss with ``diverged``
     set; its monitors are not run (the encoder is garbage by definition).
+    ``before_evaluation`` runs on every rank once training ends, before rank 0 evaluates alone: the place
+    for a caller's last collectives (no collective may follow, or the other ranks would wait in it for
+    the whole evaluation).
     """
     console = ConsoleProgress(progress)
     keep_freed_memory()  # every step frees and takes back the same megabytes (hardware.py)
@@ -408,6 +422,8 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
         if on_epoch is not None:
             on_epoch(rec)
         rec.per_step, rec.diagnostics = {}, {}  # logged by on_epoch; held no longer (a million steps)
+    if before_evaluation is not None:
+        before_evaluation(tr)
     if diverged or not tr.is_main:
         return TrainResult(None, None, loss, tr.step, diverged, tr.history, knn_init, linear_top1_init=linear_init)
     console.evaluating()

@@ -19,8 +19,9 @@ registry (methods.py) imports them: the arrows run one way.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, ContextManager, Protocol
 
 import torch
 from torch import nn
@@ -113,3 +114,9 @@ class MethodParts:
     train_size: int  # images in the training set (a memory bank holds one entry each)
     batch: int  # this rank's batch B (a queue is built for the global batch B·W)
     encoder_dtype: torch.dtype | None = None  # bf16 autocast for the encoders; None: float32
+
+
+def encoder_autocast(device: torch.device, dtype: torch.dtype | None) -> ContextManager:
+    """The encoders' autocast to ``dtype`` (``run.precision``); no context at all for float32, so a step also
+    runs on devices autocast does not know (``meta``, where the device rules are tested)."""
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()

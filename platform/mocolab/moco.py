@@ -30,7 +30,7 @@ from .losses import v3_info_nce
 from .norm import LocalShuffle, NoShuffle
 from .queue import KeyQueue
 
-from .method import MethodOutput, MethodParts
+from .method import MethodOutput, MethodParts, encoder_autocast
 
 if TYPE_CHECKING:
     from .config import Config
@@ -76,8 +76,7 @@ class MoCo(nn.Module):
                    encoder_dtype=parts.encoder_dtype)
 
     def _autocast(self, x: torch.Tensor):
-        return torch.autocast(x.device.type, dtype=self.encoder_dtype or torch.float32,
-                              enabled=self.encoder_dtype is not None)
+        return encoder_autocast(x.device, self.encoder_dtype)
 
     def ema_pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
         """(θ_k, θ_q) by name: f_k's parameters with the query encoder's of the same name (DDP unwrapped)."""
@@ -87,13 +86,22 @@ class MoCo(nn.Module):
 
     @torch.no_grad()
     def momentum_update(self) -> None:
-        """θ_k ← m·θ_k + (1−m)·θ_q over parameters; f_k's BN statistics stay its own, as in the reference."""
-        for p_k, p_q in self.ema_pairs():
-            p_k.mul_(self.m).add_(p_q.detach(), alpha=1.0 - self.m)
+        """θ_k ← m·θ_k + (1−m)·θ_q over parameters; f_k's BN statistics stay its own, as in the reference.
+        One fused kernel per operation over all parameters (the same two operations per element as a loop)."""
+        pairs = self.ema_pairs()
+        if not pairs:
+            return
+        keys = [p_k for p_k, _ in pairs]
+        torch._foreach_mul_(keys, self.m)
+        torch._foreach_add_(keys, [p_q.detach() for _, p_q in pairs], alpha=1.0 - self.m)
 
     @torch.no_grad()
     def compute_keys(self, im_k: torch.Tensor) -> torch.Tensor:
         """Keys on a shuffled batch (BN sees other sub-batches than the queries), then unshuffled."""
+        if self.encoder_dtype is not None and getattr(self.shuffler, "crosses_ranks", False):
+            # the encoder's first layer casts its input to this dtype under autocast: gathering the images
+            # in it sends half the bytes across ranks and gives the same keys
+            im_k = im_k.to(self.encoder_dtype)
         x, restore = self.shuffler.shuffle(im_k)
         with self._autocast(x):
             k = self.encoder_k(x)
@@ -110,7 +118,7 @@ class MoCo(nn.Module):
         k = self.compute_keys(im_k)  # keys: N×C, no gradient
         l_pos = (q * k).sum(dim=1, keepdim=True)  # N×1
         loss, correct = self.queue.contrast(q, l_pos, self.tau, earlier)  # N×K negatives, wherever they live
-        written = self.queue.enqueue(k, int(self.step), index)  # in place: backward does not read the keys
+        written = self.queue.enqueue(k, self.step, index)  # in place: backward does not read the keys
         self.step += 1
         return MethodOutput(loss, correct, k, written)
 

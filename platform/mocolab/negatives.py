@@ -32,7 +32,7 @@ from . import rng
 from .choices import NEGATIVE_SOURCES as SOURCES  # noqa: F401  (moco.negatives: choices.py)
 from .dist import gather_no_grad, gather_with_grad, rank_and_world
 from .losses import info_nce, nt_xent
-from .method import MethodOutput, MethodParts
+from .method import MethodOutput, MethodParts, encoder_autocast
 from .queue import WrittenAges
 
 if TYPE_CHECKING:
@@ -71,8 +71,7 @@ class InBatchContrast(nn.Module):
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         b = x1.shape[0]
-        with torch.autocast(x1.device.type, dtype=self.encoder_dtype or torch.float32,
-                            enabled=self.encoder_dtype is not None):
+        with encoder_autocast(x1.device, self.encoder_dtype):
             z = self.encoder_q(torch.cat([x1, x2]))  # one pass: DDP sees one forward per backward
         z = F.normalize(z.float(), dim=1)
         loss, correct = nt_xent(z[:b], z[b:], self.tau, rank=rank_and_world()[0], gather=gather_with_grad)
@@ -138,7 +137,7 @@ class MemoryBank(WrittenAges, nn.Module):
         return loss, logits.detach().argmax(dim=1) == 0
 
     @torch.no_grad()
-    def update(self, q: torch.Tensor, index: torch.Tensor, step: int) -> None:
+    def update(self, q: torch.Tensor, index: torch.Tensor, step: int | torch.Tensor) -> None:
         """Entries ``index`` (distinct) ← normalise(a·entry + (1 − a)·q), written at ``step``."""
         index = index.to(self.entries.device)
         a = self.momentum
@@ -195,12 +194,11 @@ class MemoryBankContrast(nn.Module):
     def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         if index is None:
             raise ValueError("moco.negatives=memory_bank needs each image's index in the training set")
-        with torch.autocast(im_q.device.type, dtype=self.encoder_dtype or torch.float32,
-                            enabled=self.encoder_dtype is not None):
+        with encoder_autocast(im_q.device, self.encoder_dtype):
             q = self.encoder_q(im_q)
         q = F.normalize(q.float(), dim=1)
         loss, correct = self.bank.contrast(q, index, self.tau)
         written = gather_no_grad(index.to(q.device))  # the global batch's images: the entries written
-        self.bank.update(gather_no_grad(q), written, int(self.step))
+        self.bank.update(gather_no_grad(q), written, self.step)
         self.step += 1
         return MethodOutput(loss, correct, q.detach(), written)

@@ -44,6 +44,8 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         # CPU: torch's kernels on each contiguous group; GPUs: one cuDNN call over a transposed copy
         kernel = _GroupBatchNorm.apply if x.device.type == "cpu" and self.per_group_kernels else _transposed_batch_norm
         out = kernel(x, self.weight, self.bias, running_mean, running_var, g, self.momentum, self.eps)
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            out = out.contiguous(memory_format=torch.channels_last)  # the next convolution's layout, kept
         with torch.no_grad():
             self.running_mean.copy_(running_mean.mean(0))
             self.running_var.copy_(running_var.mean(0))
@@ -196,7 +198,7 @@ class _GlobalBatchNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, eps: float, group):
         c = x.shape[1]
         dims = [0, *range(2, x.dim())]
-        count = torch.tensor([x.numel() // c], dtype=torch.float64)
+        count = torch.tensor([x.numel() // c], dtype=torch.float64, device=x.device)
         stats = torch.cat([x.double().sum(dims), (x.double() ** 2).sum(dims), count])
         dist.all_reduce(stats, group=group)
         total = stats[-1]

@@ -94,6 +94,9 @@ class KeyQueue(WrittenAges, nn.Module):
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         # the training image each key came from (-1: the random init), for the key-drift diagnostic
         self.register_buffer("source", torch.full((size,), -1, dtype=torch.long))
+        # ``ptr`` and whether every slot holds a real key, mirrored on the host: reading the buffers each
+        # step would make the CPU wait for the GPU (the buffers stay, for checkpoints)
+        self._ptr, self._full = 0, False
 
     def get_extra_state(self) -> dict:
         return {"slot_generator": self.slot_generator.get_state()} if self.slot_generator is not None else {}
@@ -107,29 +110,33 @@ class KeyQueue(WrittenAges, nn.Module):
         state_dict.setdefault(prefix + "source", torch.full_like(self.source, -1))
         state_dict.setdefault(prefix + "_extra_state", {})
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._ptr, self._full = int(self.ptr), bool((self.write_step >= 0).all())
 
     def _slots_to_write(self, b: int) -> tuple[torch.Tensor, bool]:
         """(the ``b`` slots the next keys go to, whether the ring pointer advances): the oldest under FIFO
         (and under ``random`` until the ring is full), else ``b`` distinct slots drawn at random."""
-        p = int(self.ptr)
-        if self.slot_generator is None or bool((self.write_step < 0).any()):
+        p = self._ptr
+        if self.slot_generator is None or not self._full:
             return torch.arange(p, p + b), True
         return torch.randperm(self.slots, generator=self.slot_generator)[:b], False
 
     @torch.no_grad()
-    def enqueue(self, keys: torch.Tensor, step: int, index: torch.Tensor | None = None) -> torch.Tensor:
+    def enqueue(self, keys: torch.Tensor, step: int | torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Write ``keys`` (enqueue_batch×C; ``index``: their training images) over the slots the policy
-        picks (FIFO: the oldest).  Returns those slots, in the keys' order."""
+        picks (FIFO: the oldest).  Returns those slots (on the CPU), in the keys' order.  ``step`` may be a
+        0-d tensor on the keys' device: it is written as is, never read on the host."""
         b = keys.shape[0]
         if b != self.enqueue_batch:
             raise ValueError(f"enqueue got {b} keys; the queue was built for batches of {self.enqueue_batch}")
         slots, advance = self._slots_to_write(b)
-        at = slots.to(self.keys.device)
+        at = slots.to(self.keys.device, non_blocking=True)
         self.keys[at] = keys.detach().to(self.keys.dtype)
         self.write_step[at] = step
-        self.source[at] = index.to(self.source.device) if index is not None else -1
+        self.source[at] = index.to(self.source.device, non_blocking=True) if index is not None else -1
         if advance:
-            self.ptr.fill_((int(self.ptr) + b) % self.slots)
+            self._ptr = (self._ptr + b) % self.slots
+            self._full = self._full or self._ptr == 0
+            self.ptr.fill_(self._ptr)
         return slots
 
     def negative_logits(self, q: torch.Tensor) -> torch.Tensor:
@@ -159,7 +166,7 @@ class KeyQueue(WrittenAges, nn.Module):
 
     def ordered(self) -> torch.Tensor:
         """Keys oldest first: the FIFO order, for tests and for comparing layouts."""
-        p = int(self.ptr)
+        p = self._ptr
         return torch.cat([self.keys[p:], self.keys[:p]])
 
     @property

@@ -22,12 +22,13 @@ from ..addresses import check_ray_address
 from ..interrupts import reassert
 from ..config import Config, validate, with_absolute_paths
 from ..data_root import check_data
+from ..hardware import resolve_device
 from ..lock import NameLock
 from ..manifest import RunManifest, check_resume, read_manifest, write_manifest
 from ..tracking import RunTracker, TrackingUnreachable, check_tracking_uri, local_store_path, redact_text, redact_uri, resolve_tracking_uri
 from .checkpoint import local_checkpoints
 from .ray_output import quiet_driver_output
-from .resources import check_device, check_placement
+from .resources import check_placement, node_capacities, worker_gpus
 from .session import WorkerArgs, last_metrics
 from .shipping import check_job_paths, check_nodes, code_runtime_env
 from ..storage import Location, is_uri
@@ -130,13 +131,17 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     storage = Location(cfg.run.output_dir)  # a folder, or any URI Ray Train writes to (s3://, gs://, ...)
     storage.check()
     workers = cfg.run.num_workers
+    gpus = 0.0
     if workers > 0:  # a request the cluster can never place is an error now, not a hang later
-        check_device(cfg.run.device, cfg.run.gpus_per_worker)
         ensure_ray()
         if not ray_train_info:
             quiet_driver_output()
-        check_placement(workers, cfg.run.cpus_per_worker, cfg.run.gpus_per_worker, what=f"run '{name}'",
-                        placement=cfg.run.placement)
+        nodes = node_capacities()
+        gpus = worker_gpus(cfg.run.device, cfg.run.gpus_per_worker, workers, nodes)
+        check_placement(workers, cfg.run.cpus_per_worker, gpus, what=f"run '{name}'", placement=cfg.run.placement,
+                        nodes=nodes)
+    else:  # the loop runs in this process: a device it cannot see is refused before any run exists
+        resolve_device(cfg.run.device)
     run_dir = storage.child(name)
     manifest = RunManifest.of(cfg)
     with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
@@ -147,19 +152,20 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
         return _fit_locked(cfg, manifest, uri, run_dir, record=started is None, parent_run_id=parent_run_id,
                            tags=tags, display_name=display_name, log_to_mlflow=log_to_mlflow, progress=progress,
                            callbacks=callbacks, ray_train_info=ray_train_info,
-                           tune_local=tune_trial and workers == 0, tune_metric=tune_metric)
+                           tune_local=tune_trial and workers == 0, tune_metric=tune_metric, gpus=gpus)
 
 
 def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location, *, record: bool,
                 parent_run_id: str | None, tags: dict[str, str] | None, display_name: str | None,
                 log_to_mlflow: bool, progress: Callable[[str], None], callbacks: list | None,
                 ray_train_info: bool = True, tune_local: bool = False,
-                tune_metric: str | None = None) -> TrainOutcome:
+                tune_metric: str | None = None, gpus: float = 0.0) -> TrainOutcome:
     """``record``: the folder holds no manifest yet; it is written once MLflow has accepted the run too,
-    so a run refused there leaves no folder behind that claims it."""
+    so a run refused there leaves no folder behind that claims it.  ``gpus``: each worker's, as
+    ``worker_gpus`` resolved ``run.device``."""
     name, workers = cfg.run_name, cfg.run.num_workers
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     tracker: RunTracker | None = None
     run_id, resumed = None, False
@@ -173,16 +179,18 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
     if record:
         write_manifest(run_dir, manifest)
     args = WorkerArgs(manifest, run_dir.location, uri, mlflow_run_id=run_id, ray_train_info=ray_train_info,
-                      tune_local=tune_local, tune_metric=tune_metric)
+                      tune_local=tune_local, tune_metric=tune_metric, gpus_per_worker=gpus)
     resources = {"CPU": cfg.run.cpus_per_worker}
-    if cfg.run.gpus_per_worker:
-        resources["GPU"] = cfg.run.gpus_per_worker
+    if gpus:
+        resources["GPU"] = gpus
+
     def attempt():
         trainer = TorchTrainer(
             partial(_loop, args),  # typed, where train_loop_config would be a dict
-            scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.run.gpus_per_worker > 0,
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpus > 0,
                                          resources_per_worker=resources if workers else None,
                                          placement_strategy=cfg.run.placement.upper()),
+            torch_config=TorchConfig(timeout_s=int(cfg.run.collective_timeout_s)),
             run_config=RunConfig(name=name, storage_path=cfg.run.output_dir,
                                  failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),

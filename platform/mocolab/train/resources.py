@@ -82,14 +82,31 @@ def check_placement(workers: int, cpus_per_worker: float, gpus_per_worker: float
                          f"use fewer workers or fewer CPUs per worker")
 
 
-def check_device(device: str, gpus_per_worker: float) -> None:
-    """``run.device`` on the Ray path: a worker computes on the GPU Ray gives it, or on the CPU."""
-    if device == "cuda" and gpus_per_worker <= 0:
-        raise ValueError("run.device: 'cuda' on Ray workers needs run.gpus_per_worker > 0 (a worker only sees "
-                         "the GPUs Ray assigns it)")
-    if device == "cpu" and gpus_per_worker > 0:
-        raise ValueError(f"run.device: 'cpu' with run.gpus_per_worker={gpus_per_worker:g} would hold GPUs and not "
-                         f"use them; set run.gpus_per_worker=0 or run.device=auto")
+def worker_gpus(device: str, gpus_per_worker: float, workers: int, nodes: list[dict[str, float]]) -> float:
+    """The GPUs each Ray worker asks for: the one place where the Ray path turns ``run.device`` into a
+    request.  Ray hides every GPU from a worker it gave none, so a worker cannot find one by itself.
+
+    ``cuda``: ``run.gpus_per_worker``, 1 where it is 0, and refused on a cluster without GPUs; ``auto``: the
+    same where any live node has a GPU, else none; ``cpu``: none (GPUs asked for beside it are refused).
+    Several NCCL ranks need a whole GPU each, so a fraction is refused with more than one worker.
+    """
+    if device == "cpu":
+        if gpus_per_worker > 0:
+            raise ValueError(f"run.device: 'cpu' with run.gpus_per_worker={gpus_per_worker:g} would hold GPUs and "
+                             f"not use them; set run.gpus_per_worker=0 or run.device=auto")
+        return 0.0
+    has_gpu = any(n.get("GPU", 0.0) >= 1.0 for n in nodes)
+    if gpus_per_worker <= 0:
+        if device == "cuda" and not has_gpu:
+            have = ", ".join(f"node {i}: {n.get('GPU', 0.0):g} GPU" for i, n in enumerate(nodes)) or "no live node"
+            raise ValueError(f"run.device: 'cuda' was asked for, but no node of the Ray cluster has a GPU ({have}); "
+                             f"use run.device=auto or run.device=cpu")
+        gpus_per_worker = 1.0 if has_gpu else 0.0
+    if workers > 1 and gpus_per_worker != int(gpus_per_worker):
+        raise ValueError(f"run.gpus_per_worker: {gpus_per_worker:g} with run.num_workers={workers} would put two "
+                         f"NCCL ranks on one GPU, which NCCL refuses; allowed: whole GPUs (1, 2, ...) with several "
+                         f"workers, a fraction with one")
+    return gpus_per_worker
 
 
 # Reported with every result: the placement group a run's workers hold, so a sweep can give its CPUs back

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from ..config import Config
+from ..hardware import resolve_device
 from ..manifest import RunManifest
 
 
@@ -33,6 +34,7 @@ class WorkerArgs:
     ray_train_info: bool = True  # False: Ray Train's INFO lines per report are dropped (no --verbose)
     tune_local: bool = False  # a Tune trial's W = 0 loop: it reports to Tune itself (TuneLocalSession)
     tune_metric: str | None = None  # that search's metric (reports without it are not sent); None for a grid
+    gpus_per_worker: float = 0.0  # what each Ray Train worker was given (resources.worker_gpus)
 
     def config(self) -> Config:
         return self.manifest.to_config()
@@ -41,7 +43,10 @@ class WorkerArgs:
 class Session(Protocol):
     def world_rank(self) -> int: ...
 
-    def device(self, gpus_per_worker: float) -> torch.device: ...
+    def device(self, run_device: str, gpus_per_worker: float, local: bool) -> torch.device:
+        """Where this rank computes: ``run.device`` as the driver resolved it into the workers' GPUs, or, where
+        the loop runs in the calling process (``local``: W = 0, or a Tune trial's own process, which Ray
+        shows only the GPUs it gave the trial), ``run.device`` resolved here."""
 
     def checkpoint(self):
         """Ray's checkpoint to resume from, or None (in local mode the run folder's latest, if any, is read)."""
@@ -57,9 +62,11 @@ class TrainSession:
 
         return ray.train.get_context().get_world_rank()
 
-    def device(self, gpus_per_worker: float) -> torch.device:
+    def device(self, run_device: str, gpus_per_worker: float, local: bool) -> torch.device:
         import ray.train.torch
 
+        if local:
+            return resolve_device(run_device)
         return ray.train.torch.get_device() if gpus_per_worker > 0 else torch.device("cpu")
 
     def checkpoint(self):
@@ -91,8 +98,8 @@ class TuneLocalSession:
     def world_rank(self) -> int:
         return 0
 
-    def device(self, gpus_per_worker: float) -> torch.device:
-        return torch.device("cuda") if gpus_per_worker > 0 else torch.device("cpu")  # Tune set the visible GPU
+    def device(self, run_device: str, gpus_per_worker: float, local: bool) -> torch.device:
+        return resolve_device(run_device)  # Tune made the trial's GPUs, and only those, visible
 
     def checkpoint(self):
         return None  # Tune's trial restarts read the run folder's latest

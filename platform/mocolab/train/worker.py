@@ -161,7 +161,7 @@ def train_loop_per_worker(args: WorkerArgs) -> None:
         torch.set_num_threads(cfg.run.threads or min(threads_for(cfg.run.cpus_per_worker), usable_cores()))
     session = session_for(args)
     memory = MemoryWatch()
-    trainer = Trainer(cfg, device=session.device(cfg.run.gpus_per_worker),
+    trainer = Trainer(cfg, device=session.device(cfg.run.device, args.gpus_per_worker, local=cfg.run.num_workers == 0),
                       source=open_source(cfg, say=print if session.world_rank() == 0 else None))
     run_dir = Location(args.run_dir)  # a folder or a URI (storage.py)
     state = _resume_state(session, trainer, run_dir, args.manifest, local=cfg.run.num_workers == 0)
@@ -259,17 +259,25 @@ def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogge
                     drift[rec.epoch] = (probes["age"], probes["drift_cos"])
         _report(session, trainer, args.manifest, {**metrics, "epoch": rec.epoch}, keep)
 
+    over_ranks: dict[str, float] = {}
+
+    def before_evaluation(tr: Trainer) -> None:
+        """Every rank, once training ends: the run's last collectives, so that no rank waits in one while
+        rank 0 evaluates alone (at ImageNet scale that outlasts the process group's timeout)."""
+        memory.sample()
+        # the largest growth of any rank's peak memory over the run: what the data loader costs
+        over_ranks["worker_rss_growth_mb"] = mdist.max_over_ranks(memory.peak - memory.start)
+        # ... and from WARM_STEPS steps in to the last step: flat when the data streams, whatever its size
+        over_ranks["worker_rss_growth_after_warmup_mb"] = mdist.max_over_ranks(
+            memory.training_peak - memory.warm if memory.warm is not None else float("nan"))
+
     memory.sample()
     result = run_training(cfg, trainer=trainer, on_epoch=on_epoch, on_step=on_step,
-                          progress=print if trainer.is_main else None)
-    memory.sample()  # the final evaluation's features count too
+                          progress=print if trainer.is_main else None, before_evaluation=before_evaluation)
+    memory.sample()  # the final evaluation's features count too (rank 0's: the ranks were released before it)
     final = {"final": 1.0, "steps": float(result.steps), "diverged": float(result.diverged),
-             "final_loss": result.final_loss,
-             # the largest growth of any rank's peak memory over the run: what the data loader costs
-             "worker_rss_growth_mb": mdist.max_over_ranks(memory.peak - memory.start),
-             # ... and from WARM_STEPS steps in to the last step: flat when the data streams, whatever its size
-             "worker_rss_growth_after_warmup_mb": mdist.max_over_ranks(
-                 memory.training_peak - memory.warm if memory.warm is not None else float("nan"))}
+             "final_loss": result.final_loss, **over_ranks}
+    final["worker_rss_growth_mb"] = max(final["worker_rss_growth_mb"], memory.peak - memory.start)
     if result.linear_top1 is not None:
         final.update(linear_top1=result.linear_top1, knn_top1=result.knn_top1)
     if result.val_linear_top1 is not None:  # data.val_size: what model selection reads

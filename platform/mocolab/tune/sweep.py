@@ -31,7 +31,7 @@ from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_st
                         resolve_tracking_uri, source_tags)
 from ..train import fit
 from ..train.launch import ensure_ray
-from ..train.resources import TRIAL_DRIVER_CPUS, check_device, check_placement, node_capacities, threads_for
+from ..train.resources import TRIAL_DRIVER_CPUS, check_placement, node_capacities, threads_for, worker_gpus
 from ..train.shipping import check_job_paths
 from .lost import lost_trials
 from .progress import SweepProgress
@@ -188,12 +188,13 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
                  f"{conc} trial(s) and their drivers ({TRIAL_DRIVER_CPUS:g} CPU each) fit in the cluster's "
                  f"{cluster_cpus:g} CPU; it computes on {threads}")
     base = build_config(sweep.preset, sweep.base_overrides)  # what every trial shares
-    check_device(base.run.device, sweep.gpus_per_worker)
+    # what run.device means on this cluster (a trial with workers resolves its own the same way)
+    gpus = worker_gpus(base.run.device, sweep.gpus_per_worker, sweep.workers_per_trial, nodes)
     if sweep.workers_per_trial > 0:
-        check_placement(sweep.workers_per_trial, cpus, sweep.gpus_per_worker, extra_cpus=TRIAL_DRIVER_CPUS,
+        check_placement(sweep.workers_per_trial, cpus, gpus, extra_cpus=TRIAL_DRIVER_CPUS,
                         nodes=nodes, what="each trial")
     else:
-        check_placement(1, cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker, sweep.gpus_per_worker,
+        check_placement(1, cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker, gpus,
                         nodes=nodes, what="each trial (local mode)")
     with NameLock(sweep_dir(sweep), f"sweep '{sweep.name}'", say=progress):
         parent = open_parent(sweep)
@@ -291,10 +292,11 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, 
     callbacks = [lines, ReleaseEndedTrials(progress)]
     verbose = 1 if sweep.verbose else 0
     resources = {"CPU": TRIAL_DRIVER_CPUS}
-    if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains
+    if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains, on what Tune gives it
         resources = {"CPU": cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker}
-        if sweep.gpus_per_worker:
-            resources["GPU"] = sweep.gpus_per_worker
+        device = build_config(sweep.preset, sweep.base_overrides).run.device
+        if gpus := worker_gpus(device, sweep.gpus_per_worker, 0, node_capacities()):
+            resources["GPU"] = gpus
     trainable = tune.with_resources(
         tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
         resources)
