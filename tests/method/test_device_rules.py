@@ -166,25 +166,24 @@ def _rank0_step(monkeypatch, overrides: dict, **more):
     return tr, world, syncs, images, index
 
 
-@pytest.mark.parametrize("overrides", COMBOS.values(), ids=COMBOS.keys())
-def test_every_collective_of_a_step_gets_tensors_on_the_rank_device(monkeypatch, overrides):
-    tr, world, _, images, index = _rank0_step(monkeypatch, overrides)
+# the default (v2, replicated queue, split BN) in make test-fast; every other combination in make test
+STEP_CASES = [pytest.param(o, id=name, marks=() if not o else pytest.mark.slow) for name, o in COMBOS.items()]
+
+
+@pytest.mark.parametrize("overrides", STEP_CASES)
+def test_a_step_obeys_nccl_and_reads_the_device_once(monkeypatch, overrides):
+    """Every collective of a step gets tensors on the rank's device; the loss, the pretext accuracy and the
+    divergence decision reach the host in one transfer, and nothing else of a step waits for the device
+    (the drift probes off: they read on the steps that write one)."""
+    tr, world, syncs, images, index = _rank0_step(monkeypatch, overrides, **{"eval.drift_probes": 0})
     assert world.misplaced == [], world.misplaced
     assert sum(world.calls.values()) >= 2, world.calls  # a two-rank step does talk to the other rank
+    assert syncs.total == 1, dict(syncs.counts)
     # the method itself, handed the loader's CPU index as it is (the queue's own guard)
-    world.misplaced.clear()
     with world.installed(monkeypatch), torch.random.fork_rng(devices=[]), HostSyncs():
         im_q, im_k = tr.augment(images.to(META))
         tr.model(im_q, im_k, index)
     assert world.misplaced == [], world.misplaced
-
-
-@pytest.mark.parametrize("overrides", COMBOS.values(), ids=COMBOS.keys())
-def test_a_step_reads_the_device_once(monkeypatch, overrides):
-    """The loss, the pretext accuracy and the divergence decision reach the host in one transfer; nothing
-    else of a step waits for the device (the drift probes off: they read on the steps that write one)."""
-    *_, syncs, _, _ = _rank0_step(monkeypatch, overrides, **{"eval.drift_probes": 0})
-    assert syncs.total == 1, dict(syncs.counts)
 
 
 def test_a_step_that_writes_a_drift_probe_reads_the_device_a_few_times_and_masks_nothing(monkeypatch):
@@ -210,6 +209,7 @@ def test_augmentation_on_a_device_draws_from_the_cpu_stream_the_trainer_owns(pre
     assert not torch.equal(before, torch.get_rng_state())  # the draws came from the CPU stream
 
 
+@pytest.mark.slow
 def test_a_checkpoint_holds_every_generator_a_step_draws_from():
     """Resumed from a mid-epoch checkpoint, a run's next steps equal the uninterrupted run's, bit for bit,
     with a step that draws from every stream: augmentation and split BN's shuffle (the augment stream),
@@ -340,6 +340,7 @@ def _finish_with_a_slow_evaluation(rank: int, world: int, run_root: str) -> dict
     return session.reports[-1]
 
 
+@pytest.mark.slow
 def test_the_ranks_are_released_before_rank_0_evaluates_alone(tmp_path):
     """Rank 0 evaluates longer than a collective may wait: the other rank must not be waiting in one."""
     final = launch(_finish_with_a_slow_evaluation, 2, tmp_path, str(tmp_path), collective_timeout=COLLECTIVE_TIMEOUT_S,
@@ -349,6 +350,7 @@ def test_the_ranks_are_released_before_rank_0_evaluates_alone(tmp_path):
     assert final[0]["worker_rss_growth_mb"] >= final[1]["worker_rss_growth_mb"] - 1e-9
 
 
+@pytest.mark.slow
 def test_the_kuberay_rayjob_s_trials_obey_nccl_s_rules(monkeypatch):
     """kuberay/rayjob.yaml as shipped (its preset, workers and GPUs): each worker asks for a whole GPU, and a
     rank's step hands every collective tensors on its GPU.  The data is a small synthetic stand-in for its
