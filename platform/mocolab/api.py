@@ -17,6 +17,7 @@ from . import transfer as _transfer
 from .addresses import check_addresses
 from .config import Config
 from .data_root import check_data
+from .flags import check_seeds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -103,8 +104,7 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
     from .tune.spec import check_sweep
 
     points = parse_grid(grid) if not isinstance(grid, Mapping) else check_grid(grid)
-    if seeds < 1:
-        raise ValueError(f"--seeds: {seeds} must be >= 1")
+    check_seeds(first_seed, seeds)
     fields = _config.config_file_overrides(config_file) if config_file else {}
     spec = grid_sweep(points, preset=preset, seeds=range(first_seed, first_seed + seeds),
                       overrides={**fields, **_overrides(overrides)}, name=name, experiment=experiment or EXPERIMENT,

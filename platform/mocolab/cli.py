@@ -17,6 +17,7 @@ from .config import (CHOICES, build_config, check_name, config_file_overrides, l
                      preset_summary, to_yaml)
 from .data_root import check_data
 from .exiting import exit_now
+from .flags import check_numbers, parse_checked
 from .interrupts import closing_on_signals, exit_code
 from .repro.run import main as repro_main
 from .studies import STUDIES
@@ -86,8 +87,6 @@ def _report(args: argparse.Namespace) -> int:
                          f"every experiment)")
     from .report import build_report, watch_report
 
-    if args.watch is not None and args.watch < 1:
-        raise ValueError(f"--watch: {args.watch} must be >= 1 (seconds between rewrites)")
     if args.watch is not None:
         try:
             rep = watch_report(args.experiment, args.out, interval_s=args.watch, parent_run=args.parent_run,
@@ -145,12 +144,13 @@ def _eval_parser(sub) -> None:
     ev.set_defaults(func=_eval)
 
 
-def _sweep(args: argparse.Namespace) -> int:
+def sweep_parser() -> argparse.ArgumentParser:
+    """``mocolab sweep``'s flags: the studies' common ones and the grid's, apart from the run so that they can be
+    read (and every number's range checked) without starting one."""
     from .tune.grid import EXPERIMENT
     from .tune.search import SCHEDULERS, SEARCHERS
-    from .tune.study import seeds_of, study_parser
+    from .tune.study import study_parser
 
-    sys.argv = ["mocolab sweep"]  # its usage line and its runs' MLflow source name say so
     p = study_parser("a Ray Tune sweep over any config fields: every point of --grid for each seed (or a search "
                      "over the grid's values), a parent MLflow run with one child run per trial", "sweep")
     p.prog = "mocolab sweep"
@@ -164,13 +164,20 @@ def _sweep(args: argparse.Namespace) -> int:
                    help="what a search maximises, on the validation split (data.val_size; default val_knn_top1, "
                         "every epoch)")
     p.add_argument("--experiment", default=EXPERIMENT, help=f"MLflow experiment (default {EXPERIMENT})")
-    a = p.parse_args(args.args)
+    return p
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .tune.study import seeds_of
+
+    sys.argv = ["mocolab sweep"]  # its usage line and its runs' MLflow source name say so
+    a = parse_checked(sweep_parser(), args.args)
     if a.search == "grid" and a.samples is not None:
         raise ValueError("--samples: applies to --search optuna or random; a grid runs every point")
     seeds = seeds_of(a)
     res = sweep(a.grid, preset=a.preset, seeds=len(seeds), first_seed=a.first_seed, overrides=a.set,
                 config_file=a.config, name=a.name, experiment=a.experiment, search=a.search,
-                samples=a.samples or 1, scheduler=a.scheduler, metric=a.metric,
+                samples=1 if a.samples is None else a.samples, scheduler=a.scheduler, metric=a.metric,
                 workers_per_trial=a.workers_per_trial, cpus_per_worker=a.cpus_per_worker,
                 gpus_per_worker=a.gpus_per_worker, max_concurrent=a.max_concurrent, tracking_uri=a.tracking_uri,
                 storage=a.storage, stop_after=a.stop_after, register=a.register, register_metric=a.register_metric,
@@ -227,7 +234,8 @@ def _cluster_parser(sub) -> None:
     }
     for p in parsers.values():
         p.add_argument("--dir", default=str(DEFAULT_DIR),
-                       help=f"the cluster's folder: its record, logs, MLflow store, shared storage (default {DEFAULT_DIR})")
+                       help=f"the cluster's folder: its record, logs, MLflow store, shared storage "
+                            f"(default {DEFAULT_DIR})")
     up = parsers["up"]
     up.add_argument("--workers", type=int, default=2, help="worker nodes (default 2)")
     up.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each worker node offers (default 1)")
@@ -249,6 +257,21 @@ def _cluster_parser(sub) -> None:
     cl.set_defaults(func=_cluster)
 
 
+class _StudiesHelp(argparse.Action):
+    """``mocolab study --help``: the studies and what each is, from their modules' first lines, which are
+    imported only when asked (``mocolab study NAME --help`` reaches the study's own parser instead)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        lines = [f"  {name:<13} {importlib.import_module(f'.studies.{name}', __package__).__doc__.splitlines()[0]}"
+                 for name in STUDIES]
+        parser.epilog = "studies:\n" + "\n".join(lines) + "\n\nmocolab study NAME --help lists a study's flags"
+        parser.print_help()
+        parser.exit()
+
+
 def _study(args: argparse.Namespace) -> int:
     sys.argv = [f"mocolab study {args.name}"]  # its usage line and its runs' MLflow source name say so
     return importlib.import_module(f".studies.{args.name}", __package__).main(args.args)
@@ -264,8 +287,6 @@ def _presets(_args: argparse.Namespace) -> int:
 
 
 def _baselines(args: argparse.Namespace) -> int:
-    if args.seeds < 1:
-        raise ValueError(f"--seeds: {args.seeds} must be >= 1")
     overrides = [f"{k}={v}" for k, v in _overrides(args).items()]
     check_data(build_config(args.preset, overrides))  # bad fields and data refused before torch and MLflow load
     check_addresses(args.tracking_uri)
@@ -315,7 +336,8 @@ def _repro_parser(sub) -> None:
     rp.set_defaults(func=_repro)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's flags, apart from main so that they can be read without running a command."""
     parser = argparse.ArgumentParser(prog="mocolab", description="Momentum Contrast experiments.")
     parser.add_argument("--version", action="version", version=f"mocolab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -377,8 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     ex.set_defaults(func=_export)
     _cluster_parser(sub)
     sub.add_parser("presets", help="list the presets, one line each").set_defaults(func=_presets)
-    st = sub.add_parser("study", help="run a named study as a Ray Tune sweep (the same as experiments/NAME_ablation.py); "
-                        "mocolab study NAME --help lists its flags", add_help=False)
+    st = sub.add_parser("study", help="run a named study as a Ray Tune sweep (the same as "
+                        "experiments/NAME_ablation.py); mocolab study NAME --help lists its flags", add_help=False,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    st.add_argument("-h", "--help", action=_StudiesHelp, help="list the studies and exit")
     st.add_argument("name", choices=STUDIES, help="the study")
     st.add_argument("args", nargs=argparse.REMAINDER, help="the study's flags (--preset, --seeds, --name, ...)")
     st.set_defaults(func=_study)
@@ -389,12 +413,18 @@ def main(argv: list[str] | None = None) -> int:
     _eval_parser(sub)
     _baselines_parser(sub)
     _repro_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "sweep":
         args.args = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        check_numbers(parser, args)  # before any command's work: no Ray, MLflow or torch yet
         return args.func(args)
     except ValueError as err:  # configuration mistakes: one clear line, no traceback
         print(f"mocolab: error: {err}", file=sys.stderr)

@@ -77,7 +77,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path):
     # through the command line: one line on stderr, exit 2; and the verbs on a folder with no cluster
     res = subprocess.run([str(BIN / "mocolab"), "cluster", "up", "--dir", str(folder), "--workers", "-1"],
                          capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and res.stderr.strip() == "mocolab: error: --workers: -1 must be in 0..64"
+    assert res.returncode == 2 and res.stderr.strip() == "mocolab: error: --workers: -1 is out of range; allowed [0, 64]"
     with pytest.raises(ValueError, match="no cluster in .*mocolab cluster up"):
         cluster.remove_worker("worker1")
     assert cluster.down() == 0 and not folder.exists()

@@ -69,7 +69,7 @@ def test_every_trials_config_is_checked_before_a_sweep_starts(grid, message):
 def test_the_command_refuses_bad_input_at_once_and_writes_nothing(tmp_path):
     cases = [(["--grid", "moco.tau=0.1,0.1"], "a value is listed twice"),
              (["--grid", "moco.tau=0.1", "--samples", "3"], "--samples: applies to --search optuna or random"),
-             (["--grid", "moco.tau=0.1", "--seeds", "0"], "--seeds: 0 must be >= 1"),
+             (["--grid", "moco.tau=0.1", "--seeds", "0"], "--seeds: 0 is out of range; allowed [1, 1000]"),
              (["--grid", "moco.tau=0.1", "--search", "bayes"], "invalid choice: 'bayes'"),
              (["--grid", "moco.nope=1"], "unknown config key 'moco.nope'"),
              (["--grid", "moco.tau=0.1", "--name", "a/b"], "--name: 'a/b' is not a valid name")]

@@ -125,7 +125,7 @@ def _study_call(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[li
 
 
 BAD_INPUT = [
-    (["--seeds", "0"], None, "--seeds: 0 must be >= 1"),
+    (["--seeds", "0"], None, "--seeds: 0 is out of range; allowed [1, 1000]"),
     (["--momenta", ""], None, "--momenta: give at least one value of m in [0, 1)"),
     (["--momenta", "0.9,abc"], None, "--momenta: 'abc' is not a number"),
     (["--tracking-uri", "http://127.0.0.1:9"], None, "does not answer"),

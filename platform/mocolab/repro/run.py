@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from ..flags import check_number
+from .inputs import check_readme, check_results, check_store
 from .plan import STUDIES, Study
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,20 +84,26 @@ def call_passing_signals(argv: list[str], cwd: Path) -> int:
 
 
 def main(args) -> int:
-    from ..tracking import Store
-    from .document import replace_headline, write
-    from .export import export
-
     studies = [s for s in STUDIES if not args.study or s.name in args.study]
     unknown = sorted(set(args.study or []) - {s.name for s in STUDIES})
     if unknown:
         raise ValueError(f"--study: unknown {unknown}; the plan has {[s.name for s in STUDIES]}")
-    if args.threads < 1:
-        raise ValueError(f"--threads: {args.threads} must be >= 1")
+    check_number("--threads", args.threads)
+    check_number("--stop-after", args.stop_after)
     results, doc = Path(args.results), Path(args.doc)
+    # what is read and not exported again first: a damaged file is named before hours of training, not after
+    check_results(results, STUDIES if args.document_only else [s for s in STUDIES if s not in studies])
+    check_readme(Path(args.readme))
+    from ..tracking import Store, local_store_path
+    from .document import replace_headline, write
+    from .export import export
+
     code = 0
     if not args.document_only:
         uri = repro_store(args.tracking_uri, results)
+        local = local_store_path(uri)  # None for a server or a database: nothing on disk to check
+        if local:
+            check_store(Path(local), must_exist=args.skip_run)
         if not args.skip_run:
             precision = resolve_precision(args.precision)
             for study in studies:

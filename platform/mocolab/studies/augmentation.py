@@ -8,18 +8,25 @@ pretext (instance-discrimination) accuracy runs near 100 % while kNN suffers.
     mocolab study augmentation --preset smoke                      # the same, from an installed mocolab
 """
 
+import argparse
 import sys
 
 from ..choices import AUGMENT_PRESETS as PRESETS
+from ..flags import parse_checked
 from ..tune import Trial
 from ..tune.study import make_sweep, run_study, seeds_of, study_parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
     p = study_parser(__doc__.splitlines()[0], "augmentation")
     p.add_argument("--what", choices=("augment", "bn", "both"), default="both")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
+        args = parse_checked(parser(), argv)
         seeds = seeds_of(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -5,19 +5,26 @@
     mocolab study momentum --preset smoke                      # the same, from an installed mocolab
 """
 
+import argparse
 import sys
 
+from ..flags import parse_checked
 from ..tune import Trial
 from ..tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
 
 PAPER_TEXT = {0.0: "fail"}  # the paper's m = 0 did not train; values it did not run print as —
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
     p = study_parser(__doc__.splitlines()[0], "momentum")
     p.add_argument("--momenta", default="0,0.5,0.9,0.99,0.999,0.9999", help="comma-separated values of m")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
+        args = parse_checked(parser(), argv)
         momenta = momenta_of(args)
         seeds = seeds_of(args)
     except ValueError as err:

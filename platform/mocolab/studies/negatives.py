@@ -17,8 +17,10 @@ batch, temperature, epochs and K (the bank draws queue.size negatives a step).
     mocolab study negatives --preset smoke                      # the same, from an installed mocolab
 """
 
+import argparse
 import sys
 
+from ..flags import parse_checked
 from ..tune import Trial
 from ..tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
 
@@ -35,12 +37,17 @@ def settings(momenta: list[float]) -> dict[str, dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
     p = study_parser(__doc__.splitlines()[0], "negatives")
     p.add_argument("--momenta", default="0.5,0.9,0.99,0.999",
                    help="comma-separated key-encoder momenta for the FIFO queue (default 0.5,0.9,0.99,0.999)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
+        args = parse_checked(parser(), argv)
         momenta = momenta_of(args)
         seeds = seeds_of(args)
     except ValueError as err:

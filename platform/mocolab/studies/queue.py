@@ -5,10 +5,12 @@
     mocolab study queue --preset smoke                      # the same, from an installed mocolab
 """
 
+import argparse
 import sys
 
 from ..config import build_config
 from ..data_root import check_data
+from ..flags import parse_checked
 from ..tune import Trial
 from ..tune.spec import with_validation_split
 from ..tune.study import make_sweep, overrides_of, run_study, seeds_of, study_parser
@@ -21,12 +23,17 @@ def queue_sizes(preset: str, overrides: dict) -> list[int]:
     return [b * 2 ** i for i in range(0, 20) if b * 2 ** i <= n // 2]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
     p = study_parser(__doc__.splitlines()[0], "queue")
     p.add_argument("--grid", action="store_true", help="every queue size instead of a search")
     p.add_argument("--samples", type=int, default=6, help="search mode: trials Optuna samples (default 6)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
+        args = parse_checked(parser(), argv)
         overrides = overrides_of(args)  # --config's and --set's
         if not args.grid:  # a search selects by the validation split's kNN: hold one out
             overrides = with_validation_split(args.preset, overrides)

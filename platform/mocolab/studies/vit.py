@@ -12,8 +12,10 @@ the report shows both the accuracy and the gradient the fix acts on.
     mocolab study vit --preset smoke                      # the same, from an installed mocolab
 """
 
+import argparse
 import sys
 
+from ..flags import parse_checked
 from ..tune import Trial
 from ..tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
 
@@ -39,14 +41,19 @@ def _is_frozen(value) -> bool:
     return str(value).lower() in ("true", "1")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
     p = study_parser(__doc__.splitlines()[0], "patch")
     p.set_defaults(preset="vit-quick")
     p.add_argument("--momenta", default="0.9,0.99,0.999", help="comma-separated base momenta (default 0.9,0.99,0.999)")
     p.add_argument("--compare-versions", action="store_true",
                    help=f"instead: one trial per recipe {list(RECIPES)} at the preset's budget")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
+        args = parse_checked(parser(), argv)
         momenta = momenta_of(args)
         seeds = seeds_of(args)
     except ValueError as err:

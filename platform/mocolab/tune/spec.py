@@ -12,6 +12,7 @@ from typing import Any
 from ..addresses import check_addresses
 from ..config import Config, build_config, check_name
 from ..data_root import check_data
+from ..flags import check_number
 from ..storage import Location
 from .search import check_search
 
@@ -117,8 +118,11 @@ def check_sweep(sweep: Sweep) -> None:
     refused for without asking a server, so a study refuses it before Ray, MLflow or torch is loaded."""
     check_name("--name", sweep.name)
     check_addresses(sweep.tracking_uri)
-    if sweep.cpus_per_worker is not None and not sweep.cpus_per_worker > 0:
-        raise ValueError(f"--cpus-per-worker: {sweep.cpus_per_worker} must be > 0")
+    for flag, value in (("--workers-per-trial", sweep.workers_per_trial), ("--cpus-per-worker", sweep.cpus_per_worker),
+                        ("--gpus-per-worker", sweep.gpus_per_worker), ("--max-concurrent", sweep.max_concurrent),
+                        ("--stop-after", sweep.stop_after), ("--samples", sweep.num_samples),
+                        ("--watch", sweep.watch_s)):
+        check_number(flag, value)  # the command line's ranges, for a Sweep built in code too
     check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
     if sweep.search == "grid" and not sweep.trials:
         raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
@@ -129,16 +133,6 @@ def check_sweep(sweep: Sweep) -> None:
         for key, values in sweep.search_space.items():
             for value in values:
                 _trial_config(sweep, {**sweep.base_overrides, key: value})
-    if sweep.workers_per_trial < 0:
-        raise ValueError(f"--workers-per-trial: {sweep.workers_per_trial} must be >= 0")
-    if sweep.max_concurrent is not None and sweep.max_concurrent < 1:
-        raise ValueError(f"--max-concurrent: {sweep.max_concurrent} must be >= 1")
-    if sweep.gpus_per_worker < 0:
-        raise ValueError(f"--gpus-per-worker: {sweep.gpus_per_worker} must be >= 0")
-    if sweep.stop_after is not None and sweep.stop_after < 1:
-        raise ValueError(f"--stop-after: {sweep.stop_after} must be >= 1")
-    if sweep.num_samples < 1:
-        raise ValueError(f"--samples: {sweep.num_samples} must be >= 1")
     labels = [t.label for t in sweep.trials]
     if len(set(labels)) != len(labels):
         raise ValueError(f"trial labels must be unique: {labels}")
@@ -148,8 +142,6 @@ def check_sweep(sweep: Sweep) -> None:
     if sweep.search != "grid":
         _trial_config(sweep, {**sweep.base_overrides})
     check_selection(sweep)
-    if sweep.watch_s is not None and sweep.watch_s < 1:
-        raise ValueError(f"--watch: {sweep.watch_s} must be >= 1 (seconds between rewrites)")
     if sweep.register is not None:
         check_name("--register", sweep.register)
         if sweep.register_metric not in REGISTER_METRICS:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import config_file_overrides, list_presets, parse_overrides
+from ..flags import check_seeds
 from ..interrupts import closing_on_signals, exit_code
 from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep  # noqa: F401  (Trial: what studies build)
 
@@ -50,7 +51,8 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
                    help="end after N trials have finished; run the same command again to continue")
     p.add_argument("--register", default=None, metavar="NAME",
                    help="at the end, register the best finished trial's encoder in the MLflow Model Registry as NAME")
-    p.add_argument("--register-metric", default="linear_top1", choices=["linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss"],
+    p.add_argument("--register-metric", default="linear_top1",
+                   choices=["linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss"],
                    help="what 'best' means for --register (default linear_top1; final_loss: the lowest)")
     p.add_argument("--watch", type=int, nargs="?", const=30, default=None, metavar="SECONDS",
                    help="keep the sweep's HTML report current while trials run, rewritten after every trial and "
@@ -63,8 +65,7 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
 
 
 def seeds_of(args: argparse.Namespace) -> list[int]:
-    if args.seeds < 1:
-        raise ValueError(f"--seeds: {args.seeds} must be >= 1")
+    check_seeds(args.first_seed, args.seeds)
     return list(range(args.first_seed, args.first_seed + args.seeds))
 
 
