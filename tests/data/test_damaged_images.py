@@ -154,6 +154,8 @@ def test_a_stream_stops_once_it_has_found_more_damage_than_the_bound(tmp_path, r
 
 @pytest.mark.slow
 def test_a_streamed_run_damaged_beyond_the_bound_stops_naming_the_files(tmp_path, ray_session):
+    from mlflow.tracking import MlflowClient
+
     from mocolab.train import fit
 
     root = _damaged_folder(tmp_path / "set", n=200)
@@ -161,10 +163,17 @@ def test_a_streamed_run_damaged_beyond_the_bound_stops_naming_the_files(tmp_path
         "data.name": "imagefolder", "data.root": str(root), "data.image_size": 24, "data.subset": None,
         "data.loader": "stream", "data.max_bad_fraction": 0.005, "queue.size": 64, "optim.batch_size": 32,
         "optim.epochs": 1, "eval.knn_every": 0, "run.num_workers": 0, "run.max_failures": 0,
-        "run.output_dir": str(tmp_path / "runs"), "run.name": "damaged"})
+        "run.output_dir": str(tmp_path / "runs"), "run.name": "damaged", "run.experiment": "damaged"})
+    uri = mlflow_store(tmp_path)
     with pytest.raises(Exception, match=r"data.max_bad_fraction: [23] of 203 training images unreadable so far: "
                                         r"train/c00\d/broken_\w+.jpg, train/c00\d/broken_\w+.jpg"):
-        fit(cfg, tracking_uri=mlflow_store(tmp_path))
+        fit(cfg, tracking_uri=uri)
+    # the stop is the run's end in MLflow too: one run, FAILED (not left RUNNING), saying why
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("damaged").experiment_id])
+    assert [(r.info.status, r.data.tags.get("mocolab.status")) for r in runs] == [("FAILED", "failed")], \
+        [r.info for r in runs]
+    assert "data.max_bad_fraction: " in runs[0].data.tags["mocolab.failure_reason"], runs[0].data.tags
 
 
 @pytest.mark.slow

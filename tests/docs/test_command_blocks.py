@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from mocolab.data import fashion_mnist_dir
 from conftest import repo_copy, thread_share_env
-from readme_blocks import COMMAND_LANGUAGES, MARK, REPO, block, blocks, commands
+from readme_blocks import COMMAND_LANGUAGES, MARK, REPO, block, blocks, commands, documents, names_read_by
 
 needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
@@ -50,14 +50,15 @@ def test_every_command_block_is_run_by_a_test_or_says_why_not():
     unmarked, unowned = [], []
     for b in found:
         if b.language not in COMMAND_LANGUAGES:
-            continue  # output shown as a user will see it
+            continue  # output (``text``), configuration, a listing: nothing a user runs
         m = MARK.match(b.mark)
         if m is None:
             unmarked.append(b.where)
         elif m.group("test"):
             test = REPO / m.group("test")
-            if not test.is_file() or m.group("name") not in test.read_text():
-                unowned.append(f"{b.where}: {m.group('test')} never reads the block {m.group('name')!r}")
+            if not test.is_file() or m.group("name") not in names_read_by(test):
+                unowned.append(f"{b.where}: {m.group('test')} never reads the block {m.group('name')!r} "
+                               f"(block/commands of that name, or a parametrize value passed to them)")
         else:
             assert len(m.group("why").split()) >= 3, f"{b.where}: say why it is not run"
     assert not unmarked, ("command blocks with neither a test that runs them nor the reason they are not run "
@@ -72,6 +73,45 @@ def test_the_walker_sees_a_block_without_a_mark(tmp_path):
     found = blocks(doc)
     assert [(b.line, b.language) for b in found] == [(4, "bash"), (8, "bash"), (12, "")]
     assert MARK.match(found[0].mark).group("name") == "a-block" and MARK.match(found[1].mark) is None
+
+
+def test_the_walker_sees_every_kind_of_fence_and_the_folders_beside_the_docs(tmp_path):
+    """A command a user copies may sit in a ~~~ fence, an indented one inside a list, one with a title after
+    its language, or one with no language at all; and in the READMEs of the folders beside the code."""
+    doc = tmp_path / "x.md"
+    doc.write_text("1. First:\n\n   ```bash title=\"setup\"\n   make run\n     --flag\n   ```\n\n"
+                   "~~~\nrm -rf runs\n~~~\n\n````sh\n```\necho nested\n````\n\n"
+                   "<!-- not run here: shows a listing of the output -->\n```{.python}\nprint(1)\n```\n"
+                   "text with ```inline``` code\n")
+    found = blocks(doc)
+    assert [(b.line, b.language, b.text) for b in found] == [
+        (3, "bash", "make run\n  --flag\n"), (8, "", "rm -rf runs\n"), (12, "sh", "```\necho nested\n"),
+        (18, "python", "print(1)\n")]
+    assert all(b.language in COMMAND_LANGUAGES for b in found), "an unlabelled fence is not taken for output"
+    assert MARK.match(found[3].mark).group("why")
+    read = {p.relative_to(REPO).parts[0] for p in documents()}
+    assert {"README.md", "docs", "docker", "dashboards", "benchmarks", "results"} <= read, read
+
+
+def test_a_test_owns_a_block_only_by_reading_it_by_name(tmp_path):
+    """``eval`` and ``report`` are ordinary words: a test that says them does not run the blocks so named."""
+    test = tmp_path / "test_x.py"
+    test.write_text('''
+import pytest
+from readme_blocks import block, commands
+
+def test_words():
+    """This test does not eval the report block."""
+    assert "report" != "eval"
+
+def test_direct():
+    commands("live-report", {"ID": "x"}) + [block("load-encoder")]
+
+@pytest.mark.parametrize("name, n", [("v3-quickstart", 1), ("negatives-quickstart", 2)])
+def test_parametrized(name, n):
+    commands(name)
+''')
+    assert names_read_by(test) == {"live-report", "load-encoder", "v3-quickstart", "negatives-quickstart"}
 
 
 def _run(lines: list[str], work: Path, extra: list[str], timeout: float = 900) -> list[subprocess.CompletedProcess]:
@@ -126,6 +166,25 @@ def test_readme_sweeps_and_report_blocks_run(tmp_path):
     _run(commands("report", {" [--parent-run ID]": ""}) + commands("live-report", {"ID": parent}), work, [])
     assert (work / "dashboards" / "momentum" / "report.html").is_file()
     assert (work / "dashboards" / "live" / "report.html").is_file()
+    # dashboards/README.md's block, its --watch line included: it ends once nothing runs
+    dash = commands("dashboards-report", {"<id>": parent, "DIR": "dashboards/one-sweep"})
+    assert [("--parent-run" in line, "--watch" in line) for line in dash] == [(False, False), (True, False),
+                                                                              (False, True)], dash
+    (work / "dashboards" / "momentum" / "report.html").unlink()
+    _run(dash, work, [], timeout=300)
+    assert (work / "dashboards" / "momentum" / "report.html").is_file()
+    assert (work / "dashboards" / "one-sweep" / "report.html").is_file()
+
+
+def test_the_dashboards_readme_names_only_flags_mocolab_report_takes():
+    """dashboards/README.md describes `mocolab report` in prose as well as in its block: a flag it names that
+    the command does not take (an interval the command never had) fails here, not in a user's shell."""
+    named = set(re.findall(r"`(--[a-z][\w-]*)", (REPO / "dashboards" / "README.md").read_text()))
+    res = subprocess.run([str(Path(sys.executable).with_name("mocolab")), "report", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    taken = set(re.findall(r"(--[a-z][\w-]*)", res.stdout))
+    assert named and not named - taken, f"dashboards/README.md names flags mocolab report lacks: {named - taken}"
 
 
 @pytest.mark.slow
@@ -177,9 +236,13 @@ def test_readme_method_blocks_run(tmp_path, name, trials):
     assert trains and studies and len(trains) + len(studies) == len(lines)
     _run(trains, work, SMALL_TRAIN + ["--set", "run.log_models=false"])
     held = [_one_trial_of(res) for line in studies for res in _run([line], work, _small_study(line))]
-    for want, got in zip(trials, held):
+    assert len(held) == len(trials), f"{name}: {len(held)} study lines, the test expects {len(trials)}: {studies}"
+    for want, got in zip(trials, held, strict=True):
         assert want is None or got == want, (name, held)
     client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     assert not [r for r in runs if r.info.status == "RUNNING"]
-    assert sum(r.info.status == "FINISHED" and "linear_top1" in r.data.metrics for r in runs) >= len(trains) + len(studies)
+    # one run per training line, one finished trial per study line (--stop-after 1), each with its probe
+    trained = [r for r in runs if r.info.status == "FINISHED" and "linear_top1" in r.data.metrics]
+    assert len([r for r in trained if "mlflow.parentRunId" in r.data.tags]) == len(studies), [r.info for r in runs]
+    assert len([r for r in trained if "mlflow.parentRunId" not in r.data.tags]) == len(trains), [r.info for r in runs]

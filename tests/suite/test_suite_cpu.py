@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,8 +50,10 @@ def test_a_test_is_charged_the_cpu_of_an_orphan_it_started(tmp_path):
     except SystemExit as err:  # a machine without a cgroup it may write: the script says what is missing
         res = subprocess.run([sys.executable, str(SCRIPT), "--", "--collect-only"], capture_output=True, text=True,
                              timeout=120, cwd=tmp_path)
-        assert res.returncode != 0 and str(err) in res.stderr and "cgroup" in res.stderr, res.stderr[-2000:]
-        return
+        said = re.sub(r"probe-\d+", "probe-PID", str(err))  # the probe's name holds the pid that tried
+        assert res.returncode != 0 and said in re.sub(r"probe-\d+", "probe-PID", res.stderr), res.stderr[-2000:]
+        # the charge itself was not measured: a skip with the reason, which CI=true turns into a failure
+        pytest.skip(f"the CPU charge is not checked here: {err}")
     (tmp_path / "test_burn.py").write_text(TESTS)
     out = tmp_path / "cpu.json"
     res = subprocess.run([sys.executable, str(SCRIPT), "--workers", "1", "--json",

@@ -342,6 +342,11 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
     parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parent) == 1 and parent[0].info.status == "KILLED"
     assert parent[0].data.tags["mocolab.status"] == "interrupted"
+    client = MlflowClient(uri)
+    for r in runs:
+        if "mlflow.parentRunId" in r.data.tags:  # what a trial logged before the signal: each step once, no gap
+            steps = _logged_once(client, r.info.run_id, "m")
+            assert steps == list(range(1, len(steps) + 1)), (r.data.tags["trial"], steps)
     assert (tmp_path / "rel" / "sweeps" / "sig" / "train").is_dir(), "relative storage not under the command's folder"
     if len(signals) > 1:
         return  # the resume after an interruption is the same whichever signal it was: checked once, after SIGTERM
@@ -362,10 +367,15 @@ def test_a_signalled_study_closes_every_run_and_the_same_command_resumes(tmp_pat
     for r in children:
         assert r.info.status == "FINISHED" and "linear_top1" in r.data.metrics
         assert r.data.metrics["loss"] > 0  # the metrics landed in the relative store too
+        assert _logged_once(client, r.info.run_id, "m") == list(range(1, 25))  # every step once, across the signal
+
+
+# _train_cmd's run: the smoke preset's 4 epochs of batch 128 on 2,048 images, 16 steps each
+TRAIN_STEPS = 4 * 2048 // 128
 
 
 def _train_cmd(name: str) -> list[str]:
-    """`mocolab train` of a small run that checkpoints every 8 steps, its store and folder relative."""
+    """`mocolab train` of a small run (TRAIN_STEPS steps) that checkpoints every 8, its store and folder relative."""
     return [str(Path(sys.executable).with_name("mocolab")), "train", "--preset", "smoke",
             "--tracking-uri", "sqlite:///m.db", "--set", f"run.name={name}", "--set", "run.experiment=faults",
             "--set", "run.output_dir=runs", "--set", "run.checkpoint_every=8", "--set", "data.subset=2048",
@@ -385,6 +395,8 @@ def _until(proc: subprocess.Popen, started: str, timeout: float = 900) -> str:
 
 
 def _logged_once(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    """The steps ``key`` was logged at, sorted, after checking none was logged twice: a resume that logs a
+    step again would otherwise only show as a longer history."""
     steps = [m.step for m in client.get_metric_history(run_id, key)]
     assert len(steps) == len(set(steps)), f"{key} logged twice at some step: {sorted(steps)}"
     return sorted(steps)
@@ -481,7 +493,7 @@ def test_mocolab_train_killed_with_sigkill_resumes_into_its_one_run(tmp_path):
     runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED", [r.info for r in runs]
     steps = _logged_once(client, runs[0].info.run_id, "m")
-    assert steps == list(range(1, steps[-1] + 1))  # every step once, across the kill
+    assert steps == list(range(1, TRAIN_STEPS + 1)), steps  # every step to the run's last once, across the kill
     assert _logged_once(client, runs[0].info.run_id, "loss")
 
 
@@ -531,8 +543,9 @@ def test_training_outlives_an_mlflow_outage_and_sends_the_metrics_when_it_return
     assert code == 0, out[-4000:]
     assert "cannot log to the tracking store" in out and "answers again" in out, out[-4000:]
     client = MlflowClient(uri)
-    run = client.search_runs([client.get_experiment_by_name("faults").experiment_id])[0]
-    assert run.info.status == "FINISHED"
+    runs = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
+    assert [r.info.status for r in runs] == ["FINISHED"], [r.info for r in runs]  # one run, closed, none RUNNING
+    run = runs[0]
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
     assert steps == [32 * e for e in range(1, 9)], steps  # every epoch, none lost, none twice
     assert "linear_top1" in run.data.metrics
@@ -638,6 +651,9 @@ def test_sigterm_to_mocolab_train_closes_its_run_and_the_same_command_resumes(tm
     assert "resuming at step" in again.stdout
     runs = _runs(f"sqlite:///{tmp_path / 'm.db'}")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    assert _logged_once(client, runs[0].info.run_id, "m") == list(range(1, TRAIN_STEPS + 1))  # each step once
+    assert _logged_once(client, runs[0].info.run_id, "loss")
 
 
 @pytest.mark.slow
