@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # set-up's steps run side by side (SETUP, below)
 APT_GET := $(if $(shell command -v flock),flock /tmp/.mocolab-apt.lock )apt-get
 
-.PHONY: setup setup-test data postgres chromium peers run repro test test-fast test-avx2 test-durations test-deploy train clean
+.PHONY: setup setup-test data postgres chromium peers run repro lint test test-fast test-avx2 test-durations test-deploy train clean
 
 # What `make run` needs: mocolab and its dependencies, Fashion-MNIST.
 setup: $(STAMP) data
@@ -120,8 +120,14 @@ NETNS := $(shell unshare --net -- ip link set lo up >/dev/null 2>&1 && echo yes)
 # ($(MAKE) written out in each recipe: make -n runs such a line, so a dry run shows the set-up's commands too)
 SETUP = --no-print-directory -j2 --output-sync=target
 
+# The linter ([tool.ruff] in pyproject.toml: unused imports, undefined names, lines <= 120), first in make test
+# and make test-fast: a second, not a minute into the suite.
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check
+
 test:
 	@$(MAKE) $(SETUP) setup-test chromium peers
+	@$(MAKE) --no-print-directory lint
 ifeq ($(NETNS),yes)
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 else
@@ -133,6 +139,7 @@ endif
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
 test-fast:
 	@$(MAKE) $(SETUP) setup-test chromium
+	@$(MAKE) --no-print-directory lint
 	$(PY) -m pytest $(XDIST_FAST) -m "not slow" $(PYTEST_ARGS)
 
 # The suite as an AVX2-only machine runs it: torch's, oneDNN's and MKL's vector code capped at AVX2 (no

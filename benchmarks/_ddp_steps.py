@@ -41,7 +41,7 @@ def run(preset: str, steps: int, warmup: int, report_every: int, threads: int, o
     import torch.distributed as dist
 
     from mocolab.config import build_config, parse_overrides
-    from mocolab.loop import Trainer
+    from mocolab.training.trainer import Trainer
 
     torch.set_num_threads(threads)
     world = dist.get_world_size() if dist.is_initialized() else 1

@@ -8,9 +8,9 @@ import types
 import torch
 from torch import nn
 
-from mocolab.hardware import keep_freed_memory
-from mocolab.loop import Trainer
-from mocolab.pooling import MaxPool2x2
+from mocolab.config.hardware import keep_freed_memory
+from mocolab.training.trainer import Trainer
+from mocolab.models.pooling import MaxPool2x2
 
 
 def held_batches(tr: Trainer, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

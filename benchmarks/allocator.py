@@ -5,7 +5,7 @@ then faults its activations in again) depends on where the interpreter's own
 small blocks happen to lie: on dev-2c, 7 of 14 fresh interpreters faulted
 every step and 7 never did. That is a fact about the machine's allocator, not
 something mocolab can break, so it is measured here rather than asserted in a
-test; ``tests/train/test_allocator.py`` asserts only mocolab's side (a tuned
+test; ``tests/training/test_allocator.py`` asserts only mocolab's side (a tuned
 interpreter never faults).
 
 The same loop of steps that allocate, touch and free 96 MiB of 24 MiB
@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 LOOP = """
 import json, resource, sys, torch
-from mocolab.hardware import keep_freed_memory
+from mocolab.config.hardware import keep_freed_memory
 tuned = keep_freed_memory() if sys.argv[1] == "tuned" else False
 def step():  # as a training step does: several activations alive at once (4 x 24 MiB), then all freed
     alive = [torch.ones(6 << 20) for _ in range(4)]

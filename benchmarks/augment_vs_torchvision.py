@@ -47,10 +47,10 @@ def main() -> None:
     from PIL import Image
     from torchvision.transforms import v2
 
-    from mocolab.augment import NORMALISATION, build_augmentation
+    from mocolab.data.augment import NORMALISATION, build_augmentation
     from mocolab.config import build_config
-    from mocolab.data import load_dataset
-    from mocolab.hardware import keep_freed_memory
+    from mocolab.data.sets import load_dataset
+    from mocolab.config.hardware import keep_freed_memory
 
     keep_freed_memory()
     cfg = build_config("cpu-quick")

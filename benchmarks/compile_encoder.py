@@ -27,9 +27,9 @@ import torch
 from _steps import with_torch_pool
 from torch import nn
 
-from mocolab.hardware import keep_freed_memory
-from mocolab.models import build_encoder
-from mocolab.norm import SplitBatchNorm2d
+from mocolab.config.hardware import keep_freed_memory
+from mocolab.models.backbones import build_encoder
+from mocolab.method.batchnorm import SplitBatchNorm2d
 
 
 def _plain_group_bn(self: SplitBatchNorm2d, x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """What a compiled kernel would take off the step: 2×2 max pooling with its arg-max, forward and backward.
 
-The pure-PyTorch pooling (mocolab.pooling) makes one pass over memory per
+The pure-PyTorch pooling (mocolab.models.pooling) makes one pass over memory per
 element-wise op, on stride-2 views that do not vectorise.  This script
 builds a small C++ kernel with torch's own extension loader (g++ and the
 Python headers needed; nothing of mocolab depends on it), checks that it
@@ -21,8 +21,8 @@ import time
 import torch
 from torch.utils.cpp_extension import load_inline
 
-from mocolab.hardware import keep_freed_memory
-from mocolab.pooling import _MaxPool2x2
+from mocolab.config.hardware import keep_freed_memory
+from mocolab.models.pooling import _MaxPool2x2
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -38,7 +38,7 @@ template <typename U> static inline U key_of(U bits) {
 }
 
 // Per output element: the window's maximum, and which corner holds the first maximum in row-major
-// order (code = 2·row + col), as mocolab.pooling decides it: bottom row only if strictly larger,
+// order (code = 2·row + col), as mocolab.models.pooling decides it: bottom row only if strictly larger,
 // then the right column only if strictly larger.  U: the element's bits (uint16 for bf16, uint32 for
 // float); W: two of them, so that each window row is one contiguous load and the loop is branch-free
 // integer work the compiler vectorises (random data made a branching loop mispredict half the time).

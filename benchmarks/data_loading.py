@@ -21,11 +21,11 @@ from pathlib import Path
 import ray
 import torch
 
-from mocolab import rng
-from mocolab.data import _synthetic, load_dataset
-from mocolab.image_index import build_index, write_imagefolder
-from mocolab.sources import MemorySource
-from mocolab.train.stream import StreamSource
+from mocolab.method import rng
+from mocolab.data.sets import _synthetic, load_dataset
+from mocolab.data.image_index import build_index, write_imagefolder
+from mocolab.data.sources import MemorySource
+from mocolab.training.stream import StreamSource
 
 
 def main() -> None:

@@ -24,9 +24,11 @@ import time
 import torch
 
 from mocolab.config import build_config, parse_overrides
-from mocolab.evaluation import extract_features, knn_accuracy, linear_probe
-from mocolab.hardware import keep_freed_memory
-from mocolab.loop import Trainer
+from mocolab.evaluation.scoring import extract_features
+from mocolab.evaluation.knn import knn_accuracy
+from mocolab.evaluation.probe import linear_probe
+from mocolab.config.hardware import keep_freed_memory
+from mocolab.training.trainer import Trainer
 
 
 def sklearn_probe(f_tr: torch.Tensor, y_tr: torch.Tensor, f_te: torch.Tensor, y_te: torch.Tensor, wd: float,

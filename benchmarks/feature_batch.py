@@ -18,8 +18,8 @@ import time
 import torch
 
 from mocolab.config import build_config, parse_overrides
-from mocolab.evaluation import extract_features
-from mocolab.loop import Trainer
+from mocolab.evaluation.scoring import extract_features
+from mocolab.training.trainer import Trainer
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
 """GPU figures for the cifar10-resnet18 preset: images/s and time per epoch, fp32, bf16, bf16 + channels_last.
 
     .venv/bin/python benchmarks/gpu.py                          # on a GPU machine: about 2 minutes
-    .venv/bin/python benchmarks/gpu.py --device cpu --steps 1 --warmup 1 --batch 64 --train-images 2048 --queue 1024   # a dry run
+    # a dry run:
+    .venv/bin/python benchmarks/gpu.py --device cpu --steps 1 --warmup 1 --batch 64 --train-images 2048 --queue 1024
 
 Nothing can be downloaded on the GPU machines, so the data is made here: the
-generated 10-class images (data.py's ``synthetic``) at 32×32, repeated over
+generated 10-class images (data/sets.py's ``synthetic``) at 32×32, repeated over
 three channels, 50,000 training images as CIFAR-10 has. Each variant trains
 ``--steps`` whole MoCo steps of the real Trainer (augmentation, query
 forward/backward, key forward on the shuffled batch, the queue) after
@@ -22,8 +23,8 @@ import torch
 from _steps import held_batches, timed_steps
 
 from mocolab.config import build_config
-from mocolab.data import ImageDataset, _synthetic
-from mocolab.loop import Trainer
+from mocolab.data.sets import ImageDataset, _synthetic
+from mocolab.training.trainer import Trainer
 
 
 def _data(n: int, seed: int) -> ImageDataset:

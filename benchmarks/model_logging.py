@@ -7,8 +7,9 @@ Logs the preset's encoder (``encoder``: images -> features) and the probe
 as a finished run does, ``--repeats`` times, and prints the median seconds
 per run (both models), the same with MLflow's own inference of pip
 requirements (what ``log_model`` does when they are not given: it loads the
-model in a subprocess), and loading the encoder back. The first call of the process is printed on its own: a trial's process
-logs once, so it pays that one (MLflow's and torch.export's first use), not the median.
+model in a subprocess), and loading the encoder back. The first call of the
+process is printed on its own: a trial's process logs once, so it pays that
+one (MLflow's and torch.export's first use), not the median.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "platform"))
 
 from mocolab.config import build_config  # noqa: E402
-from mocolab.evaluation import ProbeResult  # noqa: E402
-from mocolab.export import FeatureExtractor, ProbeClassifier  # noqa: E402
-from mocolab.manifest import RunManifest  # noqa: E402
-from mocolab.models import build_encoder  # noqa: E402
+from mocolab.evaluation.probe import ProbeResult  # noqa: E402
+from mocolab.models.exported import FeatureExtractor, ProbeClassifier  # noqa: E402
+from mocolab.config.manifest import RunManifest  # noqa: E402
+from mocolab.models.backbones import build_encoder  # noqa: E402
 from mocolab.tracking import RunTracker  # noqa: E402
-from mocolab.tracking.models import load_encoder, log_models  # noqa: E402
+from mocolab.tracking.logged_models import load_encoder, log_models  # noqa: E402
 
 
 def main() -> None:

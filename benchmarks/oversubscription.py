@@ -8,7 +8,7 @@ alone, then two at once with every thread setting a user would meet:
 
 Rows: one process alone (all cores); two at once, each with all cores' threads (what unpinned processes do);
 two at once with OMP_WAIT_POLICY=PASSIVE; two at once with threads = cores / 2; two at once, each pinned to its
-own cores (taskset), which mocolab's thread count follows (train/resources.usable_cores).
+own cores (taskset), which mocolab's thread count follows (config/hardware.usable_cores).
 """
 
 from __future__ import annotations
@@ -17,21 +17,21 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
-from mocolab.hardware import cpu_description
+from mocolab.config.hardware import cpu_description
 
 CHILD = """
 import time, torch
 from mocolab.config import build_config
-from mocolab.loop import Trainer
+from mocolab.training.trainer import Trainer
 tr = Trainer(build_config("smoke", {{"optim.max_steps": {steps}, "eval.knn_every": 0}}))
 t = time.perf_counter(); tr.train_epoch(); print(time.perf_counter() - t)
 """
 
 
 # every row states its own thread settings: none inherited from the shell (or a test worker's cap)
-BASE_ENV = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MOCOLAB_MAX_THREADS", "OMP_WAIT_POLICY")}
+BASE_ENV = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_NUM_THREADS", "MOCOLAB_MAX_THREADS", "OMP_WAIT_POLICY")}
 
 
 def _run(n: int, steps: int, env: dict[str, str] | None = None, cores: list[list[int]] | None = None) -> list[float]:

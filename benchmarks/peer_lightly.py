@@ -99,7 +99,7 @@ def time_peer(images, args, backbone, feat) -> float:
 
 def time_mocolab(precision: str, args) -> tuple[float, str]:
     from mocolab.config import build_config
-    from mocolab.loop import Trainer
+    from mocolab.training.trainer import Trainer
 
     cfg = build_config("cpu-quick", {"run.precision": precision, "optim.batch_size": args.batch,
                                      "queue.size": args.k})
@@ -126,8 +126,8 @@ def main() -> None:
         raise SystemExit("error: the peer needs lightly: .venv/bin/python -m pip install --no-deps --target "
                          "/tmp/lightly-pkgs lightly lightning-utilities, then PYTHONPATH=/tmp/lightly-pkgs") from None
     from mocolab.config import build_config
-    from mocolab.data import load_dataset
-    from mocolab.models import build_backbone
+    from mocolab.data.sets import load_dataset
+    from mocolab.models.backbones import build_backbone
 
     cfg = build_config("cpu-quick")
     train = load_dataset(cfg.data.name, "train", cfg.data.root)
@@ -139,7 +139,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads; lightly {lightly.__version__}; batch "
           f"{args.batch}, K {args.k}, convnet width {cfg.model.width}, 28x28 Fashion-MNIST")
-    from mocolab.hardware import keep_freed_memory
+    from mocolab.config.hardware import keep_freed_memory
 
     peer_as_is = time_peer(images, args, copy.deepcopy(backbone), backbone.out_dim)
     keep_freed_memory()  # mocolab's training processes set this; the peer is timed again with it, and the

@@ -23,10 +23,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mocolab.baselines import pixel_features
+from mocolab.training.baselines import pixel_features
 from mocolab.config import build_config, parse_overrides
-from mocolab.evaluation import linear_probe
-from mocolab.loop import Trainer
+from mocolab.evaluation.probe import linear_probe
+from mocolab.training.trainer import Trainer
 
 
 def row_major_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
@@ -103,7 +103,9 @@ def main() -> None:
                         f"{100 * ours.test_top1:10.2f} {t_ours:6.1f} {t_ref / t_ours:7.2f}x "
                         f"{round((ours.test_top1 - ref) * len(l_test)):+13d}")
                 if args.sklearn and dtype == torch.float64:
-                    line += f" {100 * sklearn_probe(f_train, l_train, f_test, l_test, weight_decay=e.linear_wd, steps=e.linear_steps):10.2f}"
+                    sk_top1 = sklearn_probe(f_train, l_train, f_test, l_test, weight_decay=e.linear_wd,
+                                            steps=e.linear_steps)
+                    line += f" {100 * sk_top1:10.2f}"
                 print(line, flush=True)
     print(f"speed-up of the probe's fit, median over {len(speedups)} fits: "
           f"{sorted(speedups)[len(speedups) // 2]:.2f}x")

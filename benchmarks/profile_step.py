@@ -12,7 +12,7 @@ from _steps import held_batches
 from torch.profiler import ProfilerActivity, profile
 
 from mocolab.config import build_config
-from mocolab.loop import Trainer
+from mocolab.training.trainer import Trainer
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from mocolab.dist import build_queue
+from mocolab.method.queue_layouts import build_queue
 
 F32, I64 = 4, 8
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/ray_scaling.py [--steps 60] [--preset cpu-quick]
 
-Each configuration trains ``--steps`` steps through ``mocolab.train.fit``
+Each configuration trains ``--steps`` steps through ``mocolab.training.fit``
 (real Ray workers, gloo) without MLflow, and prints the training images/s
 that the loop measured (kNN and the probe are not timed) and the ratio.
 Ray start-up is excluded from images/s but printed as wall time.
@@ -19,7 +19,7 @@ import time
 import torch
 
 from mocolab.config import build_config
-from mocolab.train import fit
+from mocolab.training import fit
 
 
 def main() -> None:

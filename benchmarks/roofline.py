@@ -26,8 +26,8 @@ from _steps import held_batches, timed_steps
 from torch.utils.flop_counter import FlopCounterMode
 
 from mocolab.config import build_config
-from mocolab.hardware import resolve_precision
-from mocolab.loop import Trainer
+from mocolab.config.hardware import resolve_precision
+from mocolab.training.trainer import Trainer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

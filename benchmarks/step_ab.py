@@ -18,10 +18,10 @@ import torch
 from _steps import held_batches, timed_steps, with_kornia_crop, with_relu_before_pool, with_torch_pool
 
 from mocolab.config import build_config
-from mocolab.hardware import keep_freed_memory
-from mocolab.loop import Trainer
-from mocolab.losses import queue_info_nce
-from mocolab.norm import SplitBatchNorm2d
+from mocolab.config.hardware import keep_freed_memory
+from mocolab.training.trainer import Trainer
+from mocolab.method.losses import queue_info_nce
+from mocolab.method.batchnorm import SplitBatchNorm2d
 
 
 def native_pool(tr: Trainer) -> None:

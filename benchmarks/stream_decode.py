@@ -6,7 +6,7 @@ Generates ``--images`` JPEGs of 500x375 (quality 90, about 105 KiB each:
 ImageNet's 150 GB over 1.33 M files is about 110 KB) in a temporary
 ImageFolder, then reads one epoch of them, at each size, through:
 
-- the stream path (train/stream.py: Ray Data decode tasks, ordered batches)
+- the stream path (training/stream.py: Ray Data decode tasks, ordered batches)
   as it was: one batch per task and the full-size decoder
   (``decode_bytes_full``: every pixel decoded, the resize in float);
 - the same with batched tasks (``task_images``), the full-size decoder;
@@ -48,10 +48,10 @@ import psutil
 import ray
 import torch
 
-from mocolab import rng
-from mocolab.data import rank_positions
-from mocolab.image_index import build_index, decode_bytes, decode_bytes_full
-from mocolab.train.stream import TASK_IMAGES, StreamSource, _decode_block
+from mocolab.method import rng
+from mocolab.data.sets import rank_positions
+from mocolab.data.image_index import build_index, decode_bytes, decode_bytes_full
+from mocolab.training.stream import TASK_IMAGES, StreamSource, _decode_block
 
 WIDTH, HEIGHT = 500, 375  # ImageNet's most common shape
 CLASSES = 10

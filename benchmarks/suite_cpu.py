@@ -33,7 +33,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from mocolab.hardware import cpu_description
+from mocolab.config.hardware import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
 V1 = Path("/sys/fs/cgroup/cpuacct")

@@ -19,7 +19,7 @@ import time
 import torch
 
 from mocolab.config import build_config
-from mocolab.loop import Trainer
+from mocolab.training.trainer import Trainer
 
 
 def main() -> None:
@@ -43,7 +43,8 @@ def main() -> None:
                  f"{net.patch_size}x{net.patch_size} patches, {net.grid ** 2 + 1} tokens)")
     else:
         model = f"{cfg.model.backbone} width {cfg.model.width}"
-    dictionary = "no queue (v3: both views through both encoders)" if cfg.moco.version == "v3" else f"K {cfg.queue.size}"
+    dictionary = ("no queue (v3: both views through both encoders)" if cfg.moco.version == "v3"
+                  else f"K {cfg.queue.size}")
     print(f"preset {args.preset}: MoCo {cfg.moco.version}, {model}, batch {b}, {dictionary}, "
           f"augment {cfg.augment.preset}, {'bf16' if tr.precision else 'fp32'} encoders")
 

@@ -31,9 +31,10 @@ import time
 import torch
 
 from mocolab.config import build_config, parse_overrides
-from mocolab.evaluation import knn_accuracy, linear_probe
-from mocolab.hardware import keep_freed_memory
-from mocolab.loop import Trainer
+from mocolab.evaluation.knn import knn_accuracy
+from mocolab.evaluation.probe import linear_probe
+from mocolab.config.hardware import keep_freed_memory
+from mocolab.training.trainer import Trainer
 
 
 def timed(fn):
@@ -47,7 +48,7 @@ def startup_seconds(preset: str, overrides: dict) -> tuple[float, float]:
     t_import = float(subprocess.run([sys.executable, "-c", "import time; t = time.perf_counter(); "
                                      "import mocolab.train, mocolab.tracking; print(time.perf_counter() - t)"],
                                     capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
-    from mocolab.train import fit
+    from mocolab.training import fit
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = build_config(preset, {**overrides, "optim.max_steps": 1, "eval.knn_every": 0, "eval.knn_bank": 64,

@@ -18,13 +18,14 @@ import time
 
 import torch
 
-from mocolab.augment import TwoViews
-from mocolab.data import ImageDataset, iterate_batches, load_dataset
-from mocolab.evaluation import extract_features, knn_accuracy
-from mocolab.models import build_encoder
-from mocolab.moco import MoCo
-from mocolab.norm import LocalShuffle
-from mocolab.queue import KeyQueue
+from mocolab.data.augment import TwoViews
+from mocolab.data.sets import ImageDataset, iterate_batches, load_dataset
+from mocolab.evaluation.scoring import extract_features
+from mocolab.evaluation.knn import knn_accuracy
+from mocolab.models.backbones import build_encoder
+from mocolab.method.moco import MoCo
+from mocolab.method.shuffle import LocalShuffle
+from mocolab.method.key_queue import KeyQueue
 
 
 def main(argv=None) -> float:

@@ -4,7 +4,7 @@
 script in Ray's copy of this folder, on a head node that may have no mocolab
 (or an older one) installed. The package beside the script is the code that
 was submitted, so it comes first on the path; the study then ships that same
-folder to every trial (mocolab/train/shipping.py).
+folder to every trial (mocolab/training/shipping.py).
 """
 
 import sys

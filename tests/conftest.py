@@ -125,7 +125,7 @@ def ray_session():
     is shut down after the last of them (``pytest_runtest_teardown``), not left idle for the rest of the run."""
     import ray
 
-    from mocolab.train.launch import ensure_ray
+    from mocolab.training.launch import ensure_ray
 
     os.environ.pop("RAY_ADDRESS", None)
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")

@@ -27,7 +27,8 @@ import torch.multiprocessing as mp
 
 TIMEOUT_S = 120.0
 # what the forkserver imports once, for every rank it forks
-PRELOAD = ["torch", "torch.distributed", "torch.nn.functional", "mocolab.dist", "mocolab.moco", "mocolab.loop"]
+PRELOAD = ["torch", "torch.distributed", "torch.nn.functional", "mocolab.method.collectives", "mocolab.method.moco",
+           "mocolab.training.trainer"]
 
 
 def _free_port() -> int:

@@ -13,53 +13,26 @@ The Python API (``mocolab.api``; what the ``mocolab`` command calls):
 - ``evaluate(source, data)``: kNN and linear probe of a trained encoder on any supported data set (a
   transfer test), logged as an MLflow run tagged with the source run.
 
-Each loads torch, Ray or MLflow on first use, so ``import mocolab`` stays light. The method layer (moco,
-queue, norm, models, augment, data, evaluation, config) is plain PyTorch; Ray and MLflow enter only at
-the edges.
+Each loads torch, Ray or MLflow on first use, so ``import mocolab`` stays light. ``method/``, ``models/``,
+``data/``, ``config/``, the loop in ``training/`` and the kNN and probe of ``evaluation/`` are plain PyTorch;
+Ray and MLflow enter only at the edges (``training/``'s launch and worker, ``tune/``, ``tracking/``).
 """
-
-import importlib
-import sys
-import types
-
-__version__ = "0.2.0"
 
 _API = ("build_config", "train", "sweep", "load_encoder", "evaluate")
 __all__ = ["__version__", *_API]
 
 
-class _TrainPackage(types.ModuleType):
-    """``mocolab.train`` names both the subpackage (``mocolab.train.fit``, ``mocolab.train.launch``) and the API
-    function: the subpackage, made callable as ``api.train``."""
-
-    def __call__(self, *args, **kwargs):
-        from .api import train
-
-        return train(*args, **kwargs)
-
-
-class _Package(types.ModuleType):
-    """The import system binds a subpackage to its parent's attribute when it loads; for ``train`` it binds
-    the callable form, whichever import comes first."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "train" and type(value) is types.ModuleType:
-            value.__class__ = _TrainPackage
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def __getattr__(name: str):
-    if name == "train":
-        return importlib.import_module(".train", __name__)  # bound above as the callable subpackage
+    if name == "__version__":  # pyproject.toml's, read on first use
+        from mocolab.config.manifest import mocolab_version
+
+        return mocolab_version()
     if name in _API:
-        from . import api
+        from mocolab import api
 
         return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_API})
+    return sorted({*globals(), *__all__})

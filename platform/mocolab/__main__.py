@@ -1,5 +1,5 @@
 """``python -m mocolab``: the same command line as ``mocolab``."""
 
-from .cli import entry
+from mocolab.cli.commands import entry
 
 entry()

@@ -12,19 +12,19 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from . import config as _config
-from . import transfer as _transfer
-from .addresses import check_addresses
-from .config import Config
-from .data_root import check_data
-from .flags import check_seeds
+from mocolab import config as _config
+from mocolab.evaluation import transfer as _transfer
+from mocolab.config.addresses import check_addresses
+from mocolab.config import Config
+from mocolab.data.roots import check_data
+from mocolab.config.flags import check_seeds
 
 if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from .train import TrainOutcome
-    from .transfer import TransferResult
+    from mocolab.training import TrainOutcome
+    from mocolab.evaluation.transfer import TransferResult
 
 Overrides = Mapping[str, Any] | Iterable[str] | None  # {"moco.m": 0.9} or ["moco.m=0.9"]
 
@@ -63,13 +63,13 @@ def train(config: Config | str = "cpu-quick", overrides: Overrides = None, *, tr
         cfg = _config.apply_overrides(cfg, _overrides(overrides))
     check_data(_config.validate(cfg))
     if in_process:
-        from .loop import run_training
-        from .train import TrainOutcome as _Outcome
+        from mocolab.training.trainer import run_training
+        from mocolab.training import TrainOutcome as _Outcome
 
         res = run_training(cfg, measure_init=measure_init, progress=progress)
         return _Outcome(cfg.run_name, None, "diverged" if res.diverged else "finished", res.linear_top1,
                         res.knn_top1, res.final_loss, res.steps, False, None)
-    from .train import fit
+    from mocolab.training import fit
 
     check_addresses(tracking_uri)
     return fit(cfg, tracking_uri=tracking_uri, ray_train_info=ray_train_info, progress=progress)
@@ -100,8 +100,8 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
     studies' other settings (``workers_per_trial``, ``max_concurrent``, ``tracking_uri``, ``storage``,
     ``stop_after``, ``register``, ``watch_s``, ``scheduler``, ``metric``). Bad input raises ValueError.
     """
-    from .tune.grid import EXPERIMENT, check_grid, grid_report, grid_sweep, parse_grid
-    from .tune.spec import check_sweep
+    from mocolab.tune.grid import EXPERIMENT, check_grid, grid_report, grid_sweep, parse_grid
+    from mocolab.tune.spec import check_sweep
 
     points = parse_grid(grid) if not isinstance(grid, Mapping) else check_grid(grid)
     check_seeds(first_seed, seeds)
@@ -110,7 +110,7 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
                       overrides={**fields, **_overrides(overrides)}, name=name, experiment=experiment or EXPERIMENT,
                       search=search, samples=samples, **flags)
     check_sweep(spec)
-    from .tune.study import run_study
+    from mocolab.tune.study import run_study
 
     code = run_study(spec, grid_report(list(points)))
     parent, trials = _parent_and_trials(spec.study, spec.name, spec.tracking_uri)
@@ -118,7 +118,7 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
 
 
 def _parent_and_trials(experiment: str, name: str, tracking_uri: str | None):
-    from .tracking import PARENT_TAG, Store, trials_frame
+    from mocolab.tracking import PARENT_TAG, Store, trials_frame
 
     store = Store(tracking_uri)
     exp_id = store.experiment_id(experiment)
@@ -137,10 +137,10 @@ def load_encoder(source: str | os.PathLike[str], tracking_uri: str | None = None
     ``mocolab export`` wrote. ``name="classifier"`` (run ids only) gives the linear probe's logits instead.
     """
     if name == "encoder":
-        from .encoders import load_saved_encoder
+        from mocolab.evaluation.encoders import load_saved_encoder
 
         return load_saved_encoder(source, tracking_uri).module()
-    from .tracking.models import load_encoder as _logged
+    from mocolab.tracking.logged_models import load_encoder as _logged
 
     return _logged(str(source), tracking_uri, name)
 
@@ -154,13 +154,13 @@ def evaluate(encoder: Any, data: str, overrides: Overrides = None, *, tracking_u
     ``encoders.SavedEncoder``; ``overrides``: data.*, eval.* and run.seed/device/precision/threads fields
     (``{"data.root": "/data/imgs"}``). Returns the scores, with ``run_id`` set when logged.
     """
-    from .encoders import SavedEncoder, load_saved_encoder, resolve_source
+    from mocolab.evaluation.encoders import SavedEncoder, load_saved_encoder, resolve_source
 
     over = _overrides(overrides)
     experiment = experiment or _transfer.EXPERIMENT
     _transfer.check_request(data, over)  # the cheap refusals first: before a store is asked or a file read
     if log:
-        from .tracking import check_tracking_uri, resolve_tracking_uri
+        from mocolab.tracking import check_tracking_uri, resolve_tracking_uri
 
         _config.check_name("--experiment", experiment)
         check_addresses(tracking_uri)

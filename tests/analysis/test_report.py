@@ -10,8 +10,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mocolab.config import build_config
-from mocolab.manifest import RunManifest
-from mocolab.report import build_report, png_size
+from mocolab.config.manifest import RunManifest
+from mocolab.analysis.report import build_report, png_size
 from mocolab.tracking import MetricsLogger, RunTracker, trials_frame
 from conftest import mlflow_store
 
@@ -123,7 +123,7 @@ def test_html_opens_in_headless_chromium(tmp_path, store):
 
 
 def test_report_command_line(tmp_path, store, capsys):
-    from mocolab.cli import main
+    from mocolab.cli.commands import main
 
     uri, parent = store
     assert main(["report", "--experiment", "momentum-ablation", "--parent-run", parent, "--out",
@@ -236,7 +236,7 @@ def test_v3_reports_draw_what_their_studies_vary(tmp_path):
 def test_negatives_report_reads_the_middle_epochs_drift_probes(tmp_path):
     """A negatives sweep (sources and queue policies vary): the report draws negatives.png, not the momentum
     curve, from each trial's per-epoch diagnostics artifacts, and the table's drift is the middle epoch's."""
-    from mocolab.studies.negatives_plots import negatives_drift
+    from mocolab.analysis.negatives_plots import negatives_drift
     from mocolab.tracking import Store
 
     uri = mlflow_store(tmp_path)
@@ -274,9 +274,9 @@ def test_a_runs_dictionary_plot_draws_ages_and_drift_per_epoch(tmp_path):
 def _leaderboard_store(uri: str) -> dict[str, str]:
     """Two studies' trials, a transfer test of one of them, and the baselines of two settings, logged by
     mocolab's own code: which baseline stands beside which encoder depends on how each was scored."""
-    from mocolab.repro.baselines import KIND_TAG, SET_TAG
+    from mocolab.repro.baseline_runs import KIND_TAG, SET_TAG
     from mocolab.tracking import Store
-    from mocolab.transfer import SOURCE_EXPERIMENT_TAG, SOURCE_RUN_TAG
+    from mocolab.evaluation.transfer import SOURCE_EXPERIMENT_TAG, SOURCE_RUN_TAG
 
     _fill(uri, "momentum-ablation", [(m, 0, "finished") for m in (0.9, 0.99)] + [(0.0, 0, "diverged")])
     _fill(uri, "queue-ablation", [(0.999, 0, "finished")])
@@ -305,7 +305,7 @@ def _leaderboard_store(uri: str) -> dict[str, str]:
 
 
 def test_leaderboard_ranks_encoders_across_experiments_beside_their_baselines(tmp_path):
-    from mocolab.leaderboard import build_leaderboard, write_leaderboard
+    from mocolab.evaluation.leaderboard import build_leaderboard, write_leaderboard
 
     uri = mlflow_store(tmp_path)
     ids = _leaderboard_store(uri)
@@ -317,7 +317,8 @@ def test_leaderboard_ranks_encoders_across_experiments_beside_their_baselines(tm
                                                                       "momentum-ablation"]
     assert fm["score"].is_monotonic_decreasing
     # the baselines scored as they were (the smoke set), not the set scored with another kNN k
-    assert fm["random_init"].tolist() == pytest.approx([0.70] * 3) and fm["raw_pixels"].tolist() == pytest.approx([0.74] * 3)
+    assert (fm["random_init"].tolist() == pytest.approx([0.70] * 3)
+            and fm["raw_pixels"].tolist() == pytest.approx([0.74] * 3))
     assert fm["delta"].tolist() == pytest.approx((fm["score"] - 0.70).tolist())
     # the transfer test ranks on its own data, and names the run its encoder came from
     syn = board.table[board.table["data_name"] == "synthetic"]
@@ -333,7 +334,7 @@ def test_leaderboard_ranks_encoders_across_experiments_beside_their_baselines(tm
 
 
 def test_leaderboard_command_line(tmp_path, capsys):
-    from mocolab.cli import main
+    from mocolab.cli.commands import main
 
     uri = mlflow_store(tmp_path)
     assert main(["report", "--leaderboard", "--tracking-uri", uri]) == 1  # an empty store: no encoder yet

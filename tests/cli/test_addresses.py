@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mocolab.addresses import check_host_port, check_url
+from mocolab.config.addresses import check_host_port, check_url
 
 REPO = Path(__file__).resolve().parents[2]
 BAD_URLS = [
@@ -83,7 +83,8 @@ def test_a_storage_endpoint_with_a_bad_port_is_refused_before_any_work(tmp_path)
     res = subprocess.run([mocolab, "train", "--preset", "smoke", "--storage", uri], cwd=tmp_path, env=_clean_env(),
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert res.stderr.strip().endswith("endpoint_override=127.0.0.1:99999: the port '99999' is not a number in 1..65535")
+    assert res.stderr.strip().endswith("endpoint_override=127.0.0.1:99999: "
+                                       "the port '99999' is not a number in 1..65535")
     res = subprocess.run([mocolab, "train", "--preset", "smoke", "--storage", "s3://bucket/runs"], cwd=tmp_path,
                          env={**_clean_env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:7x"}, capture_output=True,
                          text=True, timeout=300)

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import thread_share_env
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 from readme_blocks import block
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,11 +44,11 @@ def test_import_mocolab_names_the_api_and_loads_nothing_heavy():
 
 def test_mocolab_train_is_the_function_and_still_the_subpackage():
     import mocolab
-    import mocolab.train.launch
-    from mocolab.train import fit
+    import mocolab.training.launch
+    from mocolab.training import fit
 
-    assert callable(mocolab.train) and mocolab.train.fit is fit
-    assert mocolab.train.launch is sys.modules["mocolab.train.launch"]
+    assert callable(mocolab.train) and mocolab.training.fit is fit
+    assert mocolab.training.launch is sys.modules["mocolab.training.launch"]
     with pytest.raises(ValueError, match=r"moco\.m: 2\.0 is out of range"):  # refused before anything starts
         mocolab.train("smoke", {"moco.m": 2})
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
@@ -71,8 +71,9 @@ def test_the_cli_calls_the_api():
     """The commands hand their work to the API's functions rather than repeat it."""
     import ast
 
-    cli = ast.parse((REPO / "platform" / "mocolab" / "cli.py").read_text())
-    from_api = {a.name for n in ast.walk(cli) if isinstance(n, ast.ImportFrom) and n.module == "api" for a in n.names}
+    cli = ast.parse((REPO / "platform" / "mocolab" / "cli" / "commands.py").read_text())
+    from_api = {a.name for n in ast.walk(cli)
+                if isinstance(n, ast.ImportFrom) and n.module == "mocolab.api" for a in n.names}
     assert {"train", "sweep", "evaluate"} <= from_api
     direct = {a.name for n in ast.walk(cli) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert "fit" not in direct and "run_training" not in direct

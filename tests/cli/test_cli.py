@@ -47,7 +47,6 @@ def test_readme_blocks_are_valid_as_written(mark, script, n_trains, n_studies):
     """README's MoCo v3 and negatives blocks: each `mocolab train` line resolves (run with --print-config, so
     no training) to the values it sets, and each study line's flags are the script's
     (test_command_blocks.py runs them)."""
-    import re
     import shlex
 
     from readme_blocks import commands
@@ -77,7 +76,7 @@ def test_readme_blocks_are_valid_as_written(mark, script, n_trains, n_studies):
 def test_a_command_ends_without_the_final_heap_walk_and_keeps_its_status():
     """``exit_now`` (every entry point's last call) freezes the heap, so the exit's last collection skips
     it, and exits with the command's status; output written before it is flushed as usual."""
-    code = ("import gc, atexit\nfrom mocolab.exiting import exit_now\n"
+    code = ("import gc, atexit\nfrom mocolab.cli.exiting import exit_now\n"
             "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, flush=True))\n"
             "print('ran', end='')\nexit_now(3)\n")
     res = _run(sys.executable, "-c", code)
@@ -143,7 +142,7 @@ def test_a_bad_config_file_is_one_line_naming_the_problem(tmp_path, text, messag
 def test_a_missing_data_folder_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
     """config.validate reads no disk; each command checks the data it will read (data_root.check_data) before
     any work: one line naming data.root, exit 2, nothing written (no MLflow store, no run or sweep folder)."""
-    from mocolab.cli import main
+    from mocolab.cli.commands import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # `mocolab study` and `sweep` name themselves in argv
@@ -160,7 +159,7 @@ def test_a_missing_data_folder_is_refused_before_any_work(tmp_path, capsys, monk
 
 def test_each_named_study_is_also_a_mocolab_subcommand_with_the_scripts_flags(tmp_path):
     """``mocolab study NAME`` is the script's ``main`` (a pip-installed user has no experiments/ folder)."""
-    from mocolab.studies import STUDIES
+    from mocolab.config.choices import STUDIES
 
     mocolab = str(Path(sys.executable).with_name("mocolab"))
     repo = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from mocolab.cli import build_parser, main, sweep_parser
-from mocolab.studies import STUDIES
+from mocolab.cli.commands import build_parser, main, sweep_parser
+from mocolab.config.choices import STUDIES
 
 # What a value the sweep below tries is taken on purpose for (and why): the rest must be refused.
 TAKES_ZERO = {"--first-seed": "seed 0", "--workers-per-trial": "each trial trains in its own process",
@@ -43,7 +43,7 @@ def numeric_flags() -> list[tuple[tuple[str, ...], str, type]]:
     found = list(_walk(build_parser(), ()))
     found += _walk(sweep_parser(), ("sweep",))
     for name in STUDIES:
-        found += _walk(importlib.import_module(f"mocolab.studies.{name}").parser(), ("study", name))
+        found += _walk(importlib.import_module(f"mocolab.tune.studies.{name}").parser(), ("study", name))
     return found
 
 
@@ -78,7 +78,7 @@ class Refuse:
             raise ImportError(f"work started: {name} imported")
 
 sys.meta_path.insert(0, Refuse())
-from mocolab.cli import main
+from mocolab.cli.commands import main
 
 out = []
 for argv in json.loads(sys.argv[1]):
@@ -105,9 +105,9 @@ def test_every_numeric_flag_of_every_command_is_known():
     flags = {flag for _, flag, _ in numeric_flags()}
     assert {"--samples", "--max-concurrent", "--stop-after", "--workers-per-trial", "--cpus-per-worker",
             "--gpus-per-worker", "--watch", "--seeds", "--first-seed", "--top", "--threads"} <= flags
-    from mocolab.flags import NUMBERS
+    from mocolab.config.flags import NUMBERS
 
-    assert flags <= set(NUMBERS), f"flags without a range in mocolab/flags.py: {sorted(flags - set(NUMBERS))}"
+    assert flags <= set(NUMBERS), f"flags without a range in mocolab/config/flags.py: {sorted(flags - set(NUMBERS))}"
 
 
 def test_every_number_out_of_range_is_refused_at_the_door_naming_the_flag_and_starting_nothing(tmp_path):
@@ -139,7 +139,7 @@ def test_study_help_lists_the_studies_and_what_each_is(capsys):
     assert stop.value.code == 0
     out = capsys.readouterr().out
     for name in STUDIES:
-        first = importlib.import_module(f"mocolab.studies.{name}").__doc__.splitlines()[0]
+        first = importlib.import_module(f"mocolab.tune.studies.{name}").__doc__.splitlines()[0]
         assert name in out and first[:40] in " ".join(out.split()), (name, out)
     assert "mocolab study NAME --help" in out
 

@@ -25,7 +25,7 @@ from conftest import in_private_network, kill_processes_with_env, repo_copy, thr
 from mocolab.cluster import LocalCluster
 from mocolab.cluster.local import MARKER, pids_with_env
 from mocolab.cluster.postgres import Postgres, data_folder, find_bindir
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -33,7 +33,8 @@ needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNI
 # Each cluster holds several GiB (a node per worker, trials at once): two at a time ran this 24 GiB
 # machine out of memory, so in a parallel suite they run one after another on one worker.
 CLUSTERS = "mocolab-clusters"
-needs_postgres = pytest.mark.skipif(find_bindir() is None, reason="PostgreSQL server binaries not installed (make setup)")
+needs_postgres = pytest.mark.skipif(find_bindir() is None,
+                                    reason="PostgreSQL server binaries not installed (make setup)")
 
 
 def readme_block() -> str:
@@ -77,7 +78,8 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path):
     # through the command line: one line on stderr, exit 2; and the verbs on a folder with no cluster
     res = subprocess.run([str(BIN / "mocolab"), "cluster", "up", "--dir", str(folder), "--workers", "-1"],
                          capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and res.stderr.strip() == "mocolab: error: --workers: -1 is out of range; allowed [0, 64]"
+    assert (res.returncode == 2
+            and res.stderr.strip() == "mocolab: error: --workers: -1 is out of range; allowed [0, 64]")
     with pytest.raises(ValueError, match="no cluster in .*mocolab cluster up"):
         cluster.remove_worker("worker1")
     assert cluster.down() == 0 and not folder.exists()

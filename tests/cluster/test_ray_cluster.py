@@ -11,7 +11,6 @@ Ray on the machine.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -28,7 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import (in_private_network, kill_processes_with_env, mlflow_store, python_without_mocolab, repo_copy,
                       thread_share_env)
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -114,7 +114,7 @@ def test_config_diff_lists_changes_and_ignores_fields_newer_than_the_run():
 
 
 def test_unreadable_data_root(tmp_path, monkeypatch):
-    from mocolab.data_root import check_data
+    from mocolab.data.roots import check_data
 
     f = tmp_path / "not-a-dir"
     f.write_text("x")
@@ -136,7 +136,7 @@ def _image_folder(root, train: int, val: int) -> None:
 def test_validate_reads_the_config_alone_and_the_data_check_reads_the_disk(tmp_path):
     """validate answers from the config: a folder that is not there, or holds too few images, passes it, and
     the refusal comes from check_data, which every command runs where it uses the data, before any work."""
-    from mocolab.data_root import check_data
+    from mocolab.data.roots import check_data
 
     folder = {"data.name": "imagefolder", "data.root": str(tmp_path / "imagenet"), "data.subset": None,
               "optim.batch_size": 4, "queue.size": 8, "moco.bn": "plain"}
@@ -256,7 +256,8 @@ TAKES_HUGE = {
     "data.subset": "capped at the set's size", "data.memory_budget_mb": "a budget, not an allocation",
     "optim.epochs": "a long run", "optim.max_steps": "a long run", "optim.lr": "recorded as diverged if too high",
     "eval.knn_k": "capped at the bank", "eval.knn_every": "never within the run", "eval.knn_bank": "capped at the set",
-    "eval.knn_test": "capped at the set", "eval.linear_train": "capped at the set", "eval.linear_test": "capped at the set",
+    "eval.knn_test": "capped at the set", "eval.linear_train": "capped at the set",
+    "eval.linear_test": "capped at the set",
     "eval.drift_probes": "capped at the dictionary's slots", "run.checkpoint_every": "never within the run",
     "run.keep_checkpoints": "keeps all", "run.step_metrics_every": "never within the run",
     "run.max_failures": "retries that many times", "run.fault_step": "never reached",

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from mocolab.config import build_config, list_presets
-from mocolab.data import _synthetic
-from mocolab.image_index import write_imagefolder
-from mocolab.loop import run_training
-from mocolab.train import fit
+from mocolab.data.sets import _synthetic
+from mocolab.data.image_index import write_imagefolder
+from mocolab.training.trainer import run_training
+from mocolab.training import fit
 
 
 def _rgb_folder(root, n, size, classes=10, seed=0):
@@ -74,7 +74,7 @@ def test_imagenet_resnet50_streams_imagenet_shaped_images(tmp_path, ray_session)
 def test_cifar10_without_the_files_and_without_a_network_is_a_clear_error(tmp_path):
     env = {**os.environ, "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
            "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}  # no network: a dead proxy
-    code = ("from mocolab.data import load_dataset\n"
+    code = ("from mocolab.data.sets import load_dataset\n"
             f"load_dataset('cifar10', 'train', {str(tmp_path / 'c10')!r})")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode != 0

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mocolab.augment import PRESETS, TwoViews, _random_resized_crop, resized_crops
+from mocolab.data.augment import PRESETS, TwoViews, _random_resized_crop, resized_crops
 
 
 def _images(n: int = 16) -> torch.Tensor:

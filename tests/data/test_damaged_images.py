@@ -11,11 +11,11 @@ import re
 import pytest
 import torch
 
-from mocolab import rng
+from mocolab.method import rng
 from mocolab.config import build_config
-from mocolab.data import _synthetic, fill_unreadable, load_dataset
-from mocolab.image_index import build_index, decode, write_imagefolder
-from mocolab.sources import DamagedDataError, MemorySource
+from mocolab.data.sets import _synthetic, fill_unreadable, load_dataset
+from mocolab.data.image_index import build_index, decode, write_imagefolder
+from mocolab.data.sources import DamagedDataError, MemorySource
 from conftest import mlflow_store
 
 DAMAGE = {  # how each broken file is made from a good JPEG's bytes
@@ -39,7 +39,7 @@ def _damaged_folder(root, n=200, size=24, damage=DAMAGE, test_damage=("c001/brok
 
 
 def _stream(root, size, fraction):
-    from mocolab.train.stream import StreamSource
+    from mocolab.training.stream import StreamSource
 
     said: list[str] = []
     return StreamSource(build_index("imagefolder", str(root), "train", size),
@@ -156,7 +156,7 @@ def test_a_stream_stops_once_it_has_found_more_damage_than_the_bound(tmp_path, r
 def test_a_streamed_run_damaged_beyond_the_bound_stops_naming_the_files(tmp_path, ray_session):
     from mlflow.tracking import MlflowClient
 
-    from mocolab.train import fit
+    from mocolab.training import fit
 
     root = _damaged_folder(tmp_path / "set", n=200)
     cfg = build_config("smoke", {
@@ -181,7 +181,7 @@ def test_a_streamed_run_damaged_beyond_the_bound_stops_naming_the_files(tmp_path
 def test_a_run_under_the_bound_logs_the_counts_and_names_to_mlflow(tmp_path, ray_session, loader):
     from mlflow.tracking import MlflowClient
 
-    from mocolab.train import fit
+    from mocolab.training import fit
 
     root = _damaged_folder(tmp_path / "set", n=200)
     uri = mlflow_store(tmp_path)

@@ -1,4 +1,4 @@
-"""Tests for mocolab.data: loading, IDX parsing, data-root rules, batching across ranks."""
+"""Tests for mocolab.data.sets: loading, IDX parsing, data-root rules, batching across ranks."""
 
 from __future__ import annotations
 
@@ -11,19 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from mocolab import data
-from mocolab.data import (
-    DATASETS,
-    FASHION_MNIST_FILES,
-    ImageDataset,
-    batches_per_epoch,
-    check_readable,
-    default_data_root,
-    fashion_mnist_dir,
-    iterate_batches,
-    load_dataset,
-    read_idx,
-)
+from mocolab.data import sets as data
+from mocolab.data.sets import (DATASETS, FASHION_MNIST_FILES, ImageDataset, batches_per_epoch, check_readable,
+                               default_data_root, fashion_mnist_dir, iterate_batches, load_dataset, read_idx)
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -294,7 +284,7 @@ def test_imagefolder_loads_pngs(tmp_path):
 def test_validation_counts_the_images_the_loader_decodes(tmp_path):
     """One list of image suffixes: files the loader skips (.bmp, .ppm, .txt, hidden folders) are not counted."""
     from mocolab.config import build_config
-    from mocolab.image_files import IMAGE_EXTENSIONS, count_images
+    from mocolab.config.image_folders import IMAGE_EXTENSIONS, count_images
 
     _write_png_folder(tmp_path)
     for name in ("x.bmp", "y.ppm", "notes.txt"):
@@ -339,7 +329,7 @@ def test_imagefolder_names_corrupt_files_and_converts_16_bit_and_palette(tmp_pat
 
 def test_imagefolder_missing_split_is_a_config_error(tmp_path):
     from mocolab.config import build_config
-    from mocolab.data_root import check_data
+    from mocolab.data.roots import check_data
 
     _write_png_folder(tmp_path)
     import shutil
@@ -457,7 +447,8 @@ def test_image_dataset_validates_layout():
         ImageDataset(images=torch.zeros(2, 1, 4, 4), labels=torch.zeros(2, dtype=torch.int64), classes=2, name="x")
     with pytest.raises(ValueError, match="labels"):
         ImageDataset(
-            images=torch.zeros(2, 1, 4, 4, dtype=torch.uint8), labels=torch.zeros(3, dtype=torch.int64), classes=2, name="x"
+            images=torch.zeros(2, 1, 4, 4, dtype=torch.uint8), labels=torch.zeros(3, dtype=torch.int64), classes=2,
+            name="x"
         )
 
 
@@ -483,7 +474,7 @@ def _photo_like_jpeg(w: int = 500, h: int = 375, seed: int = 0) -> bytes:
 
 def test_reduced_scale_decode_stays_close_to_the_full_size_decode():
     """The loaders' decoder (DCT scaling, resize on uint8) against every pixel decoded and resized in float."""
-    from mocolab.image_index import dct_scale, decode_bytes, decode_bytes_full
+    from mocolab.data.image_index import dct_scale, decode_bytes, decode_bytes_full
 
     assert [dct_scale(500, 375, s) for s in (224, 160, 112, 64, 32)] == [1, 2, 2, 4, 8]
     assert dct_scale(2000, 1500, 224) == 4 and dct_scale(100, 80, 224) == 1  # a small file is enlarged, never reduced
@@ -502,7 +493,7 @@ def test_decoders_read_png_and_grayscale_jpeg_alike():
 
     from PIL import Image
 
-    from mocolab.image_index import decode_bytes, decode_bytes_full
+    from mocolab.data.image_index import decode_bytes, decode_bytes_full
 
     grey = Image.fromarray(np.tile(np.arange(0, 250, 2, dtype=np.uint8), (100, 1)))
     for fmt in ("PNG", "JPEG"):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from mocolab.config import build_config
-from mocolab.data import load_dataset
-from mocolab.build import hold_out, load_data
-from mocolab.loop import Trainer, run_training
-from mocolab.sources import validation_positions
+from mocolab.data.sets import load_dataset
+from mocolab.data.splits import hold_out, load_data
+from mocolab.training.trainer import Trainer, run_training
+from mocolab.data.sources import validation_positions
 
 
 def test_the_held_out_images_are_the_same_for_every_seed_and_never_trained_on():

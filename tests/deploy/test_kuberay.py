@@ -283,8 +283,8 @@ def _check_entrypoint(entrypoint: str, env: dict[str, str], monkeypatch) -> tupl
     words = shlex.split(entrypoint)
     assert words[0] == "python" and (REPO / words[1]).is_file(), words[:2]
     script = (REPO / words[1]).read_text()
-    assert "from mocolab.studies.momentum import main" in script, "the test knows how to check only this study"
-    from mocolab.studies import momentum
+    assert "from mocolab.tune.studies.momentum import main" in script, "the test knows how to check only this study"
+    from mocolab.tune.studies import momentum
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -312,7 +312,7 @@ def _driver_env(job: dict) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def data_volume(tmp_path_factory) -> Path:
-    """A folder standing in for the data volume: ImageNet's layout (train/ and val/ by class) with as many
+    """A folder standing in for the data volume: ImageNet's layout (training/ and val/ by class) with as many
     (empty) image files as the preset's queue needs, since the check counts them by a folder walk, as the
     head would on the volume. No image is decoded before the first trial."""
     volume = tmp_path_factory.mktemp("data-volume")

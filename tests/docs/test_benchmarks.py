@@ -68,7 +68,8 @@ TIME_OVERRIDES = {
                           "--set eval.linear_train=512 --set eval.linear_steps=5", [r"not training: [\d.]+%"]),
     "feature_batch.py": ("--images 512 --repeats 1 --batches 256,64", [r"\n\s+256\s+[\d.]+\s+\d+\s+1.00x"]),
     "probe_layout.py": ("--seeds 1 --set data.subset=2048 --set queue.size=256 --set eval.linear_steps=5",
-                        [r"init, seed 0\s+float32\s+[\d.]+\s+[\d.]+\s+[\d.]+", r"raw pixels\s+float64(\s+[\d.+-]+x?){7}",
+                        [r"init, seed 0\s+float32\s+[\d.]+\s+[\d.]+\s+[\d.]+",
+                         r"raw pixels\s+float64(\s+[\d.+-]+x?){7}",
                          r"speed-up of the probe's fit, median over 4 fits: [\d.]+x"]),
     "eval_precision.py": ("--seeds 1 --steps 0 --set data.subset=2048 --set queue.size=256 "
                           "--set eval.linear_train=1024 --set eval.linear_steps=5",
@@ -76,7 +77,8 @@ TIME_OVERRIDES = {
     "sweep_overhead.py": ("--trials 1 --set data.subset=512 --set queue.size=256 --set optim.max_steps=2 "
                           "--set eval.knn_bank=512 "
                           "--set eval.knn_test=200 --set eval.linear_train=512 --set eval.linear_steps=5",
-                          [r"loop of mocolab train\s+[\d.]+", r"study, --workers-per-trial 0\s+[\d.]+\s+[\d.]+\s+[\d.]+x"]),
+                          [r"loop of mocolab train\s+[\d.]+",
+                           r"study, --workers-per-trial 0\s+[\d.]+\s+[\d.]+\s+[\d.]+x"]),
     "oversubscription.py": ("--steps 4 --repeats 1", [r"2 at once, default threads\s+[\d.]+ s\s+[\d.]+x",
                                                       r"each pinned to its cores\s+[\d.]+ s"]),
     "torchrun_vs_ray.py": ("--steps 2 --warmup 1 --report-every 1 --set data.subset=1024 --set queue.size=256 "

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 from conftest import repo_copy, thread_share_env
 from readme_blocks import COMMAND_LANGUAGES, MARK, REPO, block, blocks, commands, documents, names_read_by
 
@@ -204,7 +204,7 @@ def test_readme_train_blocks_run(tmp_path):
     assert len(runs) == len(trained) and all(r.info.status == "FINISHED" for r in runs), [r.info for r in runs]
     # a saved encoder, loaded in Python and exported, by the id of the last run
     run_id = runs[0].info.run_id
-    code = f"import torch\nimages = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)\n" + \
+    code = "import torch\nimages = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)\n" + \
         block("load-encoder").replace("<run id>", run_id) + "print(tuple(features.shape))\n"
     loaded = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True, timeout=900)
     assert loaded.returncode == 0 and re.search(r"^\(5, \d+\)$", loaded.stdout, re.M), loaded.stderr[-3000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "minimal_moco.py"

@@ -25,16 +25,16 @@ from gloo_launch import launch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mocolab.augment import TwoViews
+from mocolab.data.augment import TwoViews
 from mocolab.config import build_config
-from mocolab.hardware import resolve_precision
-from mocolab.loop import Trainer
-from mocolab.manifest import RunManifest
-from mocolab.storage import Location
-from mocolab.train import worker
-from mocolab.train.launch import fit
-from mocolab.train.resources import worker_gpus
-from mocolab.train.session import WorkerArgs
+from mocolab.config.hardware import resolve_precision
+from mocolab.training.trainer import Trainer
+from mocolab.config.manifest import RunManifest
+from mocolab.config.storage import Location
+from mocolab.training import worker
+from mocolab.training.launch import fit
+from mocolab.training.resources import worker_gpus
+from mocolab.training.session import WorkerArgs
 
 REPO = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
@@ -119,7 +119,8 @@ class HostSyncs(TorchDispatchMode):
             return torch.zeros((0, args[0].dim()) if "nonzero" in str(func) else (0,), dtype=torch.long,
                                device="meta")
         if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default) and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool and _is_meta(i) for i in args[1] if i is not None):
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool and _is_meta(i)
+                for i in args[1] if i is not None):
             self.counts["boolean_mask"] += 1
         return func(*args, **kwargs)
 
@@ -197,7 +198,7 @@ def test_a_step_that_writes_a_drift_probe_reads_the_device_a_few_times_and_masks
 @pytest.mark.parametrize("channels", [1, 3])
 def test_augmentation_on_a_device_draws_from_the_cpu_stream_the_trainer_owns(preset, channels):
     """kornia would rebuild its samplers on the device (drawing from a generator no checkpoint holds); the
-    views keep them on the CPU, where torch's global generator is the run's augment stream (rng.py)."""
+    views keep them on the CPU, where torch's global generator is the run's augment stream (method/rng.py)."""
     views = TwoViews(preset, 28, channels).to(META)
     samplers = [m for m in views.modules() if hasattr(m, "set_rng_device_and_dtype")]
     assert samplers and all(torch.device(m.device).type == "cpu" for m in samplers if getattr(m, "device", None))

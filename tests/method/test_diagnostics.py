@@ -1,4 +1,4 @@
-"""Key drift and ages (diagnostics.py) with a real encoder: exactly 1 for a frozen encoder, falling with age
+"""Key drift and ages (method/diagnostics.py) with a real encoder: exactly 1 for a frozen encoder, falling with age
 for a moving one, and what the Trainer reports for each source of negatives."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from mocolab.config import build_config
-from mocolab.diagnostics import DriftProbes, age_histogram
-from mocolab.evaluation import extract_features
-from mocolab.loop import Trainer, run_training
-from mocolab.models import build_encoder
-from mocolab.queue import KeyQueue
+from mocolab.method.diagnostics import DriftProbes, age_histogram
+from mocolab.evaluation.scoring import extract_features
+from mocolab.training.trainer import Trainer, run_training
+from mocolab.models.backbones import build_encoder
+from mocolab.method.key_queue import KeyQueue
 
 K, B, DIM, STEPS = 64, 8, 16, 40
 

@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from gloo_launch import launch
 from torch import nn
 
-from mocolab.dist import (CrossRankShuffle, ShardedKeyQueue, build_queue, build_shuffler, gather_queue_state,
-                          rank_and_world)
-from mocolab.norm import LocalShuffle, NoShuffle
-from mocolab.queue import KeyQueue
+from mocolab.method.shuffle import CrossRankShuffle, build_shuffler
+from mocolab.method.queue_layouts import ShardedKeyQueue, build_queue, gather_queue_state
+from mocolab.method.collectives import rank_and_world
+from mocolab.method.shuffle import LocalShuffle, NoShuffle
+from mocolab.method.key_queue import KeyQueue
 
 # --------------------------------------------------------------------------------------------- layouts
 
@@ -195,8 +196,8 @@ def test_cross_rank_shuffle_roundtrip_and_mixing(tmp_path):
 
 def _moco_worker(rank: int, world: int, b: int, k: int) -> dict:
     """MoCo with shuffle BN (train-mode BN) and each queue layout as drop-in parts."""
-    from mocolab.models import build_encoder
-    from mocolab.moco import MoCo
+    from mocolab.models.backbones import build_encoder
+    from mocolab.method.moco import MoCo
 
     out = {}
     for layout in ("replicated", "sharded"):
@@ -276,7 +277,7 @@ def test_single_process_builders():
 # --------------------------------------------------------------------------------------------- global-batch BN
 
 def _global_bn_rank(rank: int, world: int, shape: tuple) -> dict:
-    from mocolab.norm import GlobalBatchNorm
+    from mocolab.method.batchnorm import GlobalBatchNorm
 
     g = torch.Generator().manual_seed(7)
     x_all = torch.randn(*shape, generator=g) * 3 + 1
@@ -321,7 +322,7 @@ def test_global_batch_norm_on_gloo_equals_one_process_with_the_whole_batch(tmp_p
 
 
 def test_global_batch_norm_without_a_group_is_plain_batch_norm():
-    from mocolab.norm import GlobalBatchNorm, convert_global_bn
+    from mocolab.method.batchnorm import GlobalBatchNorm, convert_global_bn
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3), nn.BatchNorm1d(3))
@@ -338,8 +339,8 @@ def test_global_batch_norm_without_a_group_is_plain_batch_norm():
 def _sync_bn_trainer_rank(rank: int, world: int) -> dict:
     """The real Trainer with moco.bn=sync on a CPU gloo group: DDP over the query encoder, global-batch BN."""
     from mocolab.config import build_config
-    from mocolab.loop import Trainer
-    from mocolab.norm import GlobalBatchNorm
+    from mocolab.training.trainer import Trainer
+    from mocolab.method.batchnorm import GlobalBatchNorm
 
     cfg = build_config("smoke", {"moco.bn": "sync", "run.num_workers": world, "data.subset": 512,
                                  "queue.size": 256, "optim.batch_size": 64, "model.width": 8})
@@ -358,7 +359,7 @@ def _sync_bn_trainer_rank(rank: int, world: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(__import__("mocolab.data", fromlist=["x"]).fashion_mnist_dir() is None,
+@pytest.mark.skipif(__import__("mocolab.data.sets", fromlist=["x"]).fashion_mnist_dir() is None,
                     reason="Fashion-MNIST not installed (make data)")
 def test_trainer_with_sync_bn_trains_on_two_cpu_ranks(tmp_path):
     """bn=sync on CPU: three steps of the real Trainer under DDP on gloo; every rank ends with the same weights

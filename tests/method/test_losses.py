@@ -1,4 +1,4 @@
-"""losses.py: each fused or distributed variant equals its definition (values and gradients), and the
+"""method/losses.py: each fused or distributed variant equals its definition (values and gradients), and the
 definitions equal the losses written out term by term."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mocolab.losses import (contrastive_cross_entropy, fused_queue_info_nce, info_nce, nt_xent, queue_info_nce,
-                            sharded_queue_info_nce, v3_info_nce)
-from mocolab.queue import KeyQueue
+from mocolab.method.losses import (contrastive_cross_entropy, fused_queue_info_nce, info_nce, nt_xent, queue_info_nce,
+                                   sharded_queue_info_nce, v3_info_nce)
+from mocolab.method.key_queue import KeyQueue
 
 TAU = 0.2
 B, W, C, K = 3, 2, 8, 24  # per-rank batch, simulated ranks, embedding dim, queue size

@@ -1,4 +1,4 @@
-"""The contract of a method (method.py), checked on every registered one: what a new method must pass.
+"""The contract of a method (method/protocol.py), checked on every registered one: what a new method must pass.
 
 Each method is built by ``build_method`` from the smoke preset on tiny synthetic images (a 4-wide convnet,
 16 px, a batch of 8), as the Trainer builds it, and driven by hand.
@@ -12,11 +12,11 @@ from itertools import product
 import pytest
 import torch
 
-from mocolab.choices import NEGATIVE_SOURCES, VERSIONS
+from mocolab.config.choices import NEGATIVE_SOURCES, VERSIONS
 from mocolab.config import build_config
-from mocolab.build import encoder_factory
-from mocolab.method import MethodParts
-from mocolab.methods import METHODS, build_method, method_name
+from mocolab.training.build import encoder_factory
+from mocolab.method.protocol import MethodParts
+from mocolab.method.registry import METHODS, build_method, method_name
 
 B, SIZE, CHANNELS = 8, 16, 1
 TINY = {"data.name": "synthetic", "data.synthetic_size": 64, "data.image_size": SIZE, "model.width": 4,

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from mocolab.models import build_encoder
-from mocolab.moco import MoCo
-from mocolab.norm import LocalShuffle
-from mocolab.queue import KeyQueue
+from mocolab.models.backbones import build_encoder
+from mocolab.method.moco import MoCo
+from mocolab.method.shuffle import LocalShuffle
+from mocolab.method.key_queue import KeyQueue
 
 
 def _moco(m: float = 0.9, bn_groups: int = 1) -> MoCo:

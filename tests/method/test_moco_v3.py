@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from gloo_launch import launch
 
-from mocolab.models import build_encoder
-from mocolab.moco import MoCoV3
-from mocolab.norm import convert_global_bn
+from mocolab.models.backbones import build_encoder
+from mocolab.method.moco import MoCoV3
+from mocolab.method.batchnorm import convert_global_bn
 
 B, C = 8, 16
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from gloo_launch import launch
 
-from mocolab.dist import gather_with_grad
-from mocolab.losses import nt_xent
-from mocolab.negatives import MemoryBank
+from mocolab.method.collectives import gather_with_grad
+from mocolab.method.losses import nt_xent
+from mocolab.method.negative_sources import MemoryBank
 
 TAU = 0.5
 
@@ -130,7 +130,7 @@ def test_nt_xent_on_two_gloo_ranks_equals_one_process_over_the_global_batch(tmp_
 def _trainer_rank(rank: int, world: int, over: dict) -> dict:
     """Three steps of the real Trainer under DDP on gloo with a source of negatives other than the FIFO queue."""
     from mocolab.config import build_config
-    from mocolab.loop import Trainer
+    from mocolab.training.trainer import Trainer
 
     cfg = build_config("smoke", {"run.num_workers": world, "data.subset": 512, "queue.size": 256,
                                  "optim.batch_size": 64, "model.width": 8, "eval.drift_probes": 64, **over})
@@ -149,7 +149,7 @@ def _trainer_rank(rank: int, world: int, over: dict) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(__import__("mocolab.data", fromlist=["x"]).fashion_mnist_dir() is None,
+@pytest.mark.skipif(__import__("mocolab.data.sets", fromlist=["x"]).fashion_mnist_dir() is None,
                     reason="Fashion-MNIST not installed (make data)")
 @pytest.mark.parametrize("over", [{"moco.negatives": "memory_bank", "moco.bn": "split"},
                                   {"queue.policy": "random"}, {"moco.negatives": "in_batch", "moco.bn": "sync"},

@@ -2,7 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from mocolab.norm import LocalShuffle, SplitBatchNorm2d, convert_split_bn
+from mocolab.method.shuffle import LocalShuffle
+from mocolab.method.batchnorm import SplitBatchNorm2d, convert_split_bn
 
 
 def test_split_bn_one_group_equals_plain_bn():
@@ -123,8 +124,8 @@ def test_each_bn_mode_is_its_groups_and_its_shuffle(mode, groups, shuffled):
     """The batch-norm study's arms differ in one thing at a time: plain -> groups adds the groups,
     groups -> split adds the shuffle."""
     from mocolab.config import build_config
-    from mocolab.loop import Trainer
-    from mocolab.norm import NoShuffle
+    from mocolab.training.trainer import Trainer
+    from mocolab.method.shuffle import NoShuffle
 
     tr = Trainer(build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "queue.size": 128,
                                         "optim.batch_size": 32, "moco.bn": mode}))

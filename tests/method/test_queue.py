@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mocolab.queue import KeyQueue
+from mocolab.method.key_queue import KeyQueue
 
 
 def _batch(step: int, b: int = 4, c: int = 3) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mocolab.cli import main
+from mocolab.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[2]
 

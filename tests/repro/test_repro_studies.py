@@ -25,9 +25,9 @@ def test_the_momentum_studies_keep_their_command_lines_so_a_running_study_resume
 
 
 def test_every_new_study_runs_the_arms_its_script_makes_and_is_found_by_the_exporter():
-    from mocolab.studies.negatives import settings
-    from mocolab.studies.queue import queue_sizes
-    from mocolab.studies.vit import RECIPES
+    from mocolab.tune.studies.negatives import settings
+    from mocolab.tune.studies.queue import queue_sizes
+    from mocolab.tune.studies.vit import RECIPES
 
     names = [s.name for s in STUDIES]
     assert names[:2] == ["momentum-cpu-quick", "momentum-cpu-full"] and len(set(names)) == len(names)

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mocolab.baselines import Baseline
+from mocolab.training.baselines import Baseline
 from mocolab.config import ConfigMismatchError, build_config
-from mocolab.manifest import RunManifest
-from mocolab.data import fashion_mnist_dir
-from mocolab.repro.baselines import EXPERIMENT, _log, log_baselines
+from mocolab.config.manifest import RunManifest
+from mocolab.data.sets import fashion_mnist_dir
+from mocolab.repro.baseline_runs import EXPERIMENT, _log, log_baselines
 from mocolab.repro.document import HEADLINE_BEGIN, HEADLINE_END, replace_headline, write
 from mocolab.repro.export import export
 from mocolab.repro.plan import STUDIES, study
@@ -25,13 +25,13 @@ from conftest import mlflow_store
 
 REPO = Path(__file__).resolve().parents[2]
 needs_fmnist = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
-SMALL = ["data.subset=512", "queue.size=256", "eval.knn_bank=512", "eval.linear_train=512", "eval.knn_test=300", "eval.linear_steps=10",
-         "run.log_models=false"]
+SMALL = ["data.subset=512", "queue.size=256", "eval.knn_bank=512", "eval.linear_train=512", "eval.knn_test=300",
+         "eval.linear_steps=10", "run.log_models=false"]
 
 
 @needs_fmnist
 def test_baselines_are_the_trials_starting_encoder_logged_once_and_never_mixed(tmp_path):
-    from mocolab.loop import run_training
+    from mocolab.training.trainer import run_training
 
     uri = mlflow_store(tmp_path)
     first = log_baselines("set", "smoke", SMALL, [0, 1], tracking_uri=uri, say=lambda _: None)
@@ -86,7 +86,8 @@ def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_cl
     exp_id = store.experiment_id(EXPERIMENT, create=True)
     cfg = build_config("smoke")
     for seed, linear in enumerate([0.845, 0.84, 0.843]):
-        _log(store, exp_id, s.name, build_config("smoke", {"run.seed": seed}), Baseline("random-init", seed, 0.74, linear))
+        _log(store, exp_id, s.name, build_config("smoke", {"run.seed": seed}),
+             Baseline("random-init", seed, 0.74, linear))
     _log(store, exp_id, s.name, cfg, Baseline("raw-pixels", None, 0.80, 0.83))
 
     csv = export(s, store, tmp_path / "results")
@@ -227,7 +228,8 @@ def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path
     (tmp_path / "child.py").write_text(CHILD)
     log = tmp_path / "child.log"
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from mocolab.repro.run import call_passing_signals; "
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from mocolab.repro.run import call_passing_signals; "
          f"sys.exit(call_passing_signals([sys.executable, 'child.py', {str(log)!r}], Path({str(tmp_path)!r})))"],
         start_new_session=True)  # its own group: the test's "terminal"
     deadline = time.monotonic() + 30

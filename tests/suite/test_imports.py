@@ -16,56 +16,64 @@ PACKAGE = Path(__file__).resolve().parents[2] / "platform" / "mocolab"
 # module (path under platform/mocolab/) -> what its functions import (absolute names).
 LAZY: dict[str, set[str]] = {
     # `import mocolab` loads nothing until an API name is asked for (PEP 562)
-    "__init__.py": {"mocolab.api"},
+    "__init__.py": {"mocolab.api", "mocolab.config.manifest"},  # the version: pyproject's, read on first use
     "tune/__init__.py": {"mocolab.tune.sweep"},  # Ray: the sweep's runner, on first use
+    "training/__init__.py": {"mocolab.training.launch"},  # the driver's side (Ray, MLflow): the loop goes without
     # the API and the command line refuse bad input before torch, Ray, MLflow or the sweep layer loads
-    "api.py": {"mocolab.loop", "mocolab.train", "mocolab.tune.grid", "mocolab.tune.spec", "mocolab.tune.study",
-               "mocolab.tracking", "mocolab.tracking.models", "mocolab.encoders"},
-    "cli.py": {"mocolab.tracking", "mocolab.tracking.models", "mocolab.report", "mocolab.leaderboard",
-               "mocolab.tune.grid", "mocolab.tune.search", "mocolab.tune.study", "mocolab.repro.baselines"},
-    "transfer.py": {"torch", "mocolab.build", "mocolab.sources", "mocolab.evaluation", "mocolab.hardware",
-                    "mocolab.train.resources", "mocolab.tracking"},
-    "repro/run.py": {"torch", "mocolab.hardware", "mocolab.repro.baselines", "mocolab.tracking",
+    "api.py": {"mocolab.training.trainer", "mocolab.training", "mocolab.tune.grid", "mocolab.tune.spec",
+               "mocolab.tune.study", "mocolab.tracking", "mocolab.tracking.logged_models",
+               "mocolab.evaluation.encoders"},
+    "cli/commands.py": {"mocolab.tracking", "mocolab.tracking.logged_models", "mocolab.analysis.report",
+                        "mocolab.evaluation.leaderboard", "mocolab.tune.grid", "mocolab.tune.search",
+                        "mocolab.tune.study", "mocolab.repro.baseline_runs"},
+    "evaluation/transfer.py": {"torch", "mocolab.data.splits", "mocolab.data.sources", "mocolab.evaluation.scoring",
+                               "mocolab.evaluation.knn", "mocolab.evaluation.probe", "mocolab.config.hardware",
+                               "mocolab.tracking"},
+    "repro/run.py": {"torch", "mocolab.config.hardware", "mocolab.repro.baseline_runs", "mocolab.tracking",
                      "mocolab.repro.document", "mocolab.repro.export"},
-    "tune/study.py": {"mocolab.tune.sweep", "mocolab.tune.lost", "mocolab.tracking.models", "mocolab.report",
-                      "mocolab.tracking"},
+    "tune/study.py": {"mocolab.tune.sweep", "mocolab.tune.lost", "mocolab.tracking.logged_models",
+                      "mocolab.analysis.report", "mocolab.tracking"},
     "tune/grid.py": {"mocolab.analysis"},
     # a study answers --help and refuses its flags before pandas, matplotlib and MLflow draw its report
-    "studies/augmentation.py": {"mocolab.analysis"},
-    "studies/momentum.py": {"mocolab.analysis", "mocolab.studies.momentum_plots"},
-    "studies/negatives.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.studies.negatives_plots"},
-    "studies/queue.py": {"mocolab.analysis"},
-    "studies/vit.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.studies.vit_plots"},
+    "tune/studies/augmentation.py": {"mocolab.analysis"},
+    "tune/studies/momentum.py": {"mocolab.analysis", "mocolab.analysis.momentum_plots"},
+    "tune/studies/negatives.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.analysis.negatives_plots"},
+    "tune/studies/queue.py": {"mocolab.analysis"},
+    "tune/studies/vit.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.analysis.vit_plots"},
     # Ray where a run needs it: a run in this process (W = 0, --in-process) and the driver's checks go without
-    "train/launch.py": {"ray", "ray.train", "ray.train.torch",
-                        "mocolab.train.worker"},  # the training loop, in the Ray Train worker that runs it
-    "train/ray_output.py": {"ray._private.ray_logging"},
-    "train/resources.py": {"ray", "ray.util"},
-    "train/session.py": {"ray.train", "ray.train.torch", "ray"},
-    "train/shipping.py": {"ray", "ray.util.scheduling_strategies",
+    "training/launch.py": {"ray", "ray.train", "ray.train.torch",
+                        "mocolab.training.worker"},  # the training loop, in the Ray Train worker that runs it
+    "training/ray_output.py": {"ray._private.ray_logging"},
+    "training/resources.py": {"ray", "ray.util"},
+    "training/session.py": {"ray.train", "ray.train.torch", "ray"},
+    "training/shipping.py": {"ray", "ray.util.scheduling_strategies",
                           "importlib", "importlib.metadata", "socket", "sys"},  # the probe runs on each node
-    "train/stream.py": {"ray.data"},
-    "train/worker.py": {"ray", "mocolab.analysis"},  # matplotlib: rank 0 draws one plot, at the end
+    "training/stream.py": {"ray.data"},
+    "training/worker.py": {"ray", "mocolab.analysis"},  # matplotlib: rank 0 draws one plot, at the end
     "tune/search.py": {"ray", "ray.tune.search.optuna", "ray.tune.schedulers"},
-    "tune/sweep.py": {"mocolab.report"},  # matplotlib: a trial's process imports this module, and draws nothing
+    # matplotlib: a trial's process imports this module, and draws nothing
+    "tune/sweep.py": {"mocolab.analysis.report"},
     # heavy libraries where one feature uses them
     "analysis/summary.py": {"scipy"},  # one test; tables and plots load without scipy
-    "augment.py": {"kornia.augmentation"},  # the views; config reads the presets without kornia
-    "data.py": {"torchvision.datasets"},  # CIFAR-10, STL-10 and downloads
-    "models.py": {"torchvision"},  # the ResNets
-    "image_files.py": {"pyarrow.parquet"},  # a parquet set's count; config imports this module
-    "image_index.py": {"pyarrow", "pyarrow.parquet", "PIL", "torchvision.io"},  # per format, at its first file
-    "storage.py": {"pyarrow.fs"},  # a URI's file system; config imports this module
-    "encoders.py": {"mocolab.tracking.fetch"},  # MLflow for a run id or models:/ URI; an export folder needs none
-    "tracking/models.py": {"mlflow.pytorch"},  # the flavour, where a model is logged or loaded
+    "data/augment.py": {"kornia.augmentation"},  # the views; config reads the presets without kornia
+    "data/sets.py": {"torchvision.datasets"},  # CIFAR-10, STL-10 and downloads
+    "models/backbones.py": {"torchvision"},  # the ResNets
+    "config/image_folders.py": {"pyarrow.parquet"},  # a parquet set's count; config imports this module
+    "data/image_index.py": {"pyarrow", "pyarrow.parquet", "PIL", "torchvision.io"},  # per format, at its first file
+    "config/storage.py": {"pyarrow.fs"},  # a URI's file system; config imports this module
+    # MLflow for a run id or models:/ URI; an export folder needs none
+    "evaluation/encoders.py": {"mocolab.tracking.fetch"},
+    "tracking/logged_models.py": {"mlflow.pytorch"},  # the flavour, where a model is logged or loaded
     "tracking/system.py": {"mlflow.system_metrics.system_metrics_monitor"},  # optional: a failure turns it off
 }
 
 
 def _absolute(path: Path, node: ast.ImportFrom) -> list[str]:
     """The module a ``from ... import`` names, relative ones resolved against the file's package."""
-    if not node.level:
-        return [node.module or ""]
+    if not node.level:  # from mocolab.x import y, where y is a module of its own: that module
+        folder = PACKAGE.parent / (node.module or "").replace(".", "/")
+        subs = [a.name for a in node.names if (folder / f"{a.name}.py").is_file() or (folder / a.name).is_dir()]
+        return [f"{node.module}.{name}" for name in subs] if subs else [node.module or ""]
     package = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)[:-1]  # a package's __init__: itself
     base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
     if node.module:
@@ -105,6 +113,6 @@ def test_every_function_level_import_is_listed_with_its_reason():
 
 def test_relative_imports_are_named_as_the_package_resolves_them():
     """``from . import api`` in the package's __init__ is mocolab.api; ``from ..report import`` in tune/ is
-    mocolab.report, ``from .sweep import`` there mocolab.tune.sweep."""
-    assert function_level_imports(PACKAGE / "__init__.py") == {"mocolab.api"}
-    assert {"mocolab.tune.sweep", "mocolab.report"} <= function_level_imports(PACKAGE / "tune" / "study.py")
+    mocolab.analysis.report, ``from .sweep import`` there mocolab.tune.sweep."""
+    assert function_level_imports(PACKAGE / "__init__.py") == {"mocolab.api", "mocolab.config.manifest"}
+    assert {"mocolab.tune.sweep", "mocolab.analysis.report"} <= function_level_imports(PACKAGE / "tune" / "study.py")

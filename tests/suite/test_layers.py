@@ -19,15 +19,17 @@ PACKAGE = Path(__file__).resolve().parents[2] / "platform" / "mocolab"
 
 
 CHECKED = [
-    ("mocolab.loop", False), ("mocolab.build", False), ("mocolab.monitors", False), ("mocolab.moco", False),
-    ("mocolab.dist", False), ("mocolab.config", False), ("mocolab.analysis", False), ("mocolab.report", True),
-    ("mocolab.tracking", True), ("mocolab.cli", False), ("mocolab.cluster", False), ("mocolab.export", False),
-    ("mocolab.choices", False), ("mocolab.manifest", False),
+    ("mocolab.training.trainer", False), ("mocolab.training.build", False), ("mocolab.training.monitors", False),
+    ("mocolab.method.moco", False), ("mocolab.method.queue_layouts", False), ("mocolab.method.shuffle", False),
+    ("mocolab.method.collectives", False), ("mocolab.config", False), ("mocolab.analysis", False),
+    ("mocolab.analysis.report", True), ("mocolab.tracking", True), ("mocolab.cli.commands", False),
+    ("mocolab.cluster", False), ("mocolab.models.exported", False), ("mocolab.config.choices", False),
+    ("mocolab.config.manifest", False), ("mocolab.evaluation.scoring", False),
 ]
 # What a command loads before it checks its input: none of torch, Ray or MLflow, so --help answers and a bad
 # value or flag is refused in a fraction of a second instead of after their seconds of start-up.
-STARTS_LIGHT = ["mocolab.config", "mocolab.data_root", "mocolab.cli", "mocolab.choices", "mocolab.tune",
-                "mocolab.tune.study"]
+STARTS_LIGHT = ["mocolab.config", "mocolab.data.roots", "mocolab.cli.commands", "mocolab.config.choices",
+                "mocolab.tune", "mocolab.tune.study"]
 HEAVY = ("torch", "ray", "mlflow")
 
 
@@ -96,8 +98,8 @@ def test_import_loads_neither_ray_nor_mlflow(loaded, module, mlflow_allowed):
 @pytest.mark.parametrize("module", STARTS_LIGHT)
 def test_what_checks_input_loads_no_torch_ray_or_mlflow(loaded, module):
     heavy = [name for name in HEAVY if loaded[module][name]]
-    assert not heavy, f"import {module} loaded {heavy} (allowed values belong in choices.py, a sweep's checks in " \
-                      f"tune/spec.py; the rest loads after the input is checked)"
+    assert not heavy, f"import {module} loaded {heavy} (allowed values belong in config/choices.py, a sweep's " \
+                      f"checks in tune/spec.py; the rest loads after the input is checked)"
 
 
 def _imports(path: Path) -> set[str]:
@@ -139,16 +141,37 @@ def test_tracking_analysis_and_cluster_never_import_ray():
         assert offenders == [], f"{under}/ imports ray: {offenders}"
 
 
+RAY_SIDE = ("launch", "worker", "session", "stream", "shipping", "checkpoint", "resources", "ray_output",
+            "interrupts", "lock")
+
+
 def test_method_layer_never_imports_ray_mlflow_or_upper_layers():
-    method = ["moco", "queue", "norm", "dist", "models", "augment", "data", "evaluation", "config", "loop", "build",
-              "monitors", "rng", "hardware", "schedule", "losses", "negatives", "diagnostics", "vit", "optimizers",
-              "sources", "pooling", "image_index", "image_files", "pixels", "method", "methods", "manifest"]
-    for name in method:
-        imported = _imports(PACKAGE / f"{name}.py")
-        bad = {n for n in imported if n.split(".")[0] in ("ray", "mlflow")
-               or n.startswith(("mocolab.tune", "mocolab.train", "mocolab.tracking", "mocolab.report"))}
-        assert not bad, f"{name}.py imports {bad}"
+    """method/, models/, data/, config/, the plain loop of training/ and evaluation's scoring: plain PyTorch."""
+    files = [f for under in ("method", "models", "data", "config") for f in _files(under=under)]
+    files += [PACKAGE / "training" / f"{name}.py"
+              for name in ("trainer", "build", "monitors", "optimizers", "schedule")]
+    files += [PACKAGE / "evaluation" / f"{name}.py" for name in ("knn", "probe", "scoring")]
+    upper = ("mocolab.tune", "mocolab.tracking", "mocolab.analysis.report", "mocolab.cli", "mocolab.repro",
+             *(f"mocolab.training.{name}" for name in RAY_SIDE))
+    for path in files:
+        bad = {n for n in _imports(path) if n.split(".")[0] in ("ray", "mlflow") or n.startswith(upper)}
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
 
 
 def test_report_does_not_import_tune():
-    assert not any(n.startswith("mocolab.tune") for n in _imports(PACKAGE / "report.py"))
+    assert not any(n.startswith("mocolab.tune") for n in _imports(PACKAGE / "analysis" / "report.py"))
+
+
+def test_the_package_root_holds_a_table_of_contents():
+    """A handful of entries at the root (packages named for the field's concepts), and no module name used
+    twice anywhere in the package: a newcomer finds a thing by its name."""
+    root = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__" and (p.suffix == ".py" or p.is_dir()))
+    assert len(root) <= 15, root
+    names: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}
+    # a package and a module never share a name either (mocolab.train the function, mocolab.training the package)
+    packages = {p.name for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").exists()}
+    assert not packages & set(names), packages & set(names)

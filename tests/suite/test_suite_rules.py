@@ -78,11 +78,13 @@ def test_make_test_fast_leaves_out_every_test_measured_slow():
     from conftest import DURATIONS, SLOW_SECONDS
 
     repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow", "-p", "no:cacheprovider"],
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow",
+                          "-p", "no:cacheprovider"],
                          cwd=repo, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     fast = [line for line in out.stdout.splitlines() if "::" in line]
     known = json.loads(DURATIONS.read_text())
     assert len(fast) > 100 and max(known.values()) > SLOW_SECONDS
     assert not [t for t in fast if known.get(t, 0.0) > SLOW_SECONDS]
-    assert "tests/train/test_shipping.py::test_every_node_is_checked_against_the_drivers_versions" not in fast  # on Ray
+    # on Ray
+    assert "tests/training/test_shipping.py::test_every_node_is_checked_against_the_drivers_versions" not in fast

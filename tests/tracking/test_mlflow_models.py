@@ -1,4 +1,4 @@
-"""Encoders as MLflow models (tracking/models.py) on a real sqlite store: log, load, export, register."""
+"""Encoders as MLflow models (tracking/logged_models.py) on a real sqlite store: log, load, export, register."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import mocolab
-from mocolab.cli import main
+from mocolab.cli.commands import main
 from mocolab.config import build_config
-from mocolab.evaluation import ProbeResult, extract_features
-from mocolab.export import FeatureExtractor, ProbeClassifier
-from mocolab.models import build_backbone, build_encoder
-from mocolab.manifest import RunManifest
+from mocolab.evaluation.probe import ProbeResult
+from mocolab.evaluation.scoring import extract_features
+from mocolab.models.exported import FeatureExtractor, ProbeClassifier
+from mocolab.models.backbones import build_backbone, build_encoder
+from mocolab.config.manifest import RunManifest
 from mocolab.tracking import MetricsLogger, RunTracker
-from mocolab.tracking.models import export_run, log_models, register_model
+from mocolab.tracking.logged_models import export_run, log_models, register_model
 from conftest import mlflow_store
 
 
@@ -111,7 +112,7 @@ def test_logging_again_keeps_one_model_per_name(logged):
 def test_a_run_with_log_models_false_keeps_its_checkpoint_and_logs_no_model(tmp_path):
     """``run.log_models=false``: a sweep of many trials leaves the Models list empty; a study that would
     register its best trial's model is refused before any work."""
-    from mocolab.train import fit
+    from mocolab.training import fit
     from mocolab.tune.spec import Sweep, Trial, check_sweep
 
     uri = mlflow_store(tmp_path)

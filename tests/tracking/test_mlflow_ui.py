@@ -30,15 +30,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import _free_port, mlflow_store, start_mlflow_server, stop_mlflow_server
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 # As tests/tune/test_tune.py's TINY: two trials of 10 steps on 1,024 images (the queue must be below the subset).
-TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024, "run.log_models": False,
-        "eval.linear_steps": 20, "optim.max_steps": 10, "queue.size": 512}
+TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.linear_train": 1024,
+        "run.log_models": False, "eval.linear_steps": 20, "optim.max_steps": 10, "queue.size": 512}
 MOMENTA = ("0.9", "0.99")
 
 pytestmark = [

@@ -7,10 +7,10 @@ from mlflow.tracking import MlflowClient
 
 from conftest import mlflow_store, start_mlflow_server, stop_mlflow_server
 from mocolab.config import build_config
-from mocolab.data import fashion_mnist_dir
-from mocolab.manifest import RunManifest
+from mocolab.data.sets import fashion_mnist_dir
+from mocolab.config.manifest import RunManifest
 from mocolab.tracking import check_tracking_uri, redact_uri, resolve_tracking_uri
-from mocolab.train import fit
+from mocolab.training import fit
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
     assert run.info.run_name == "over-http" and "run.name" not in run.data.params  # a trial's name is no axis
     assert (tmp_path / "artifacts").exists()  # the config artifact went through the server
     # the encoder went through the server too (MLflow's artifact proxy): export and register it from there
-    from mocolab.cli import main
+    from mocolab.cli.commands import main
 
     import subprocess
     import sys
@@ -119,7 +119,7 @@ def test_an_mlflow_run_holds_the_manifest_and_finished_trials_of_an_older_format
     """The MLflow run is one of the manifest's three homes: read back, it is the manifest it was started with.
     A store carried over from run format 1 (the reproduction's committed one) keeps its finished trials
     done, so a resumed grid does not run them; only continuing its unfinished trial is refused."""
-    from mocolab.manifest import OldRunFormat
+    from mocolab.config.manifest import OldRunFormat
     from mocolab.tracking import Store, SweepRun, recorded_manifest
     from mocolab.tracking.mlflow_log import RunTracker
 

@@ -1,7 +1,7 @@
 """Which trials a sweep runs again by itself: those whose process was lost, not those that raised.
 
 The end-to-end case (a trial's process killed mid-training, the study finishing into one run) is
-tests/train/test_faults.py; `make test-deploy` kills the container that holds it.
+tests/training/test_faults.py; `make test-deploy` kills the container that holds it.
 """
 
 from types import SimpleNamespace
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, RayTaskError
 from ray.train import TrainingFailedError
 
-from mocolab.lock import InUseError
+from mocolab.training.lock import InUseError
 from mocolab.tune.lost import is_lost_process, lost_trials, unrecorded_errors
 
 

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import thread_share_env
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 from mocolab.tune.grid import check_grid, default_name, grid_sweep, grid_trials, parse_grid
 from mocolab.tune.spec import check_sweep
 from readme_blocks import commands
@@ -73,7 +73,7 @@ def test_the_command_refuses_bad_input_at_once_and_writes_nothing(tmp_path):
              (["--grid", "moco.tau=0.1", "--search", "bayes"], "invalid choice: 'bayes'"),
              (["--grid", "moco.nope=1"], "unknown config key 'moco.nope'"),
              (["--grid", "moco.tau=0.1", "--name", "a/b"], "--name: 'a/b' is not a valid name")]
-    code = ("import sys, json\nfrom mocolab.cli import main\nrc = main(sys.argv[1:])\n"
+    code = ("import sys, json\nfrom mocolab.cli.commands import main\nrc = main(sys.argv[1:])\n"
             "print(json.dumps({'rc': rc, 'heavy': [m for m in ('torch', 'ray', 'mlflow') if m in sys.modules]}))")
     for argv, message in cases:
         res = subprocess.run([sys.executable, "-c", code, "sweep", *argv], cwd=tmp_path, capture_output=True,
@@ -130,7 +130,8 @@ def test_a_search_selects_on_a_validation_split_it_holds_out_never_on_the_test_s
     assert sweep.metric == "val_knn_top1" and sweep.base_overrides["data.val_size"] == 60_000 // 12
     assert "on val_knn_top1 of 5,000 held-out training images" in sweep.description
     check_sweep(sweep)
-    mine = grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke", search="optuna", overrides={"data.val_size": 900})
+    mine = grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke", search="optuna",
+                      overrides={"data.val_size": 900})
     assert mine.base_overrides["data.val_size"] == 900  # the user's, kept
     assert "data.val_size" not in grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke").base_overrides  # a grid
     for metric, message in (("knn_top1", "metric: 'knn_top1' is a test-split number"),

@@ -11,7 +11,7 @@ import pytest
 from conftest import mlflow_store, run_concurrently
 from mlflow.tracking import MlflowClient
 
-from mocolab.data import fashion_mnist_dir
+from mocolab.data.sets import fashion_mnist_dir
 from mocolab.tune import Sweep, Trial, run_sweep
 from mocolab.analysis import summarise, welch_t
 from mocolab.tracking import trials_frame
@@ -102,7 +102,7 @@ def test_diverged_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_session)
 ])
 def test_trial_drivers_never_cost_a_whole_trial_or_a_thread(cluster, asked, expected):
     """What a sweep asks Ray for and how many threads its workers compute on, from the cluster's CPUs."""
-    from mocolab.train.resources import threads_for
+    from mocolab.training.resources import threads_for
     from mocolab.tune.sweep import resolve_resources
 
     conc, cpus = resolve_resources(Sweep("s", "n", "smoke", "d", **asked), cluster)
@@ -308,7 +308,7 @@ def test_negatives_study_settings_are_valid_configs():
         from negatives_ablation import settings
     finally:
         sys.path.pop(0)
-    from mocolab.studies.negatives_plots import negatives_setting
+    from mocolab.analysis.negatives_plots import negatives_setting
     from mocolab.config import build_config
 
     got = {name: build_config("cpu-quick", ov) for name, ov in settings([0.5, 0.999]).items()}
@@ -329,7 +329,8 @@ def test_negatives_study_reports_ages_drift_and_accuracy_per_source(tmp_path):
             "--set=optim.batch_size=64", "--set=queue.size=256", "--set=eval.drift_probes=32"]
     res = subprocess.run([sys.executable, str(REPO / "experiments" / "negatives_ablation.py"),
                           "--tracking-uri", mlflow_store(tmp_path), "--storage", str(tmp_path / "sweeps"),
-                          "--momenta", "0.5", "--workers-per-trial", "0", *tiny], capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
+                          "--momenta", "0.5", "--workers-per-trial", "0", *tiny],
+                         capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client, parents, children = _parent_and_children(tmp_path, "negatives-ablation")
     assert sorted(r.data.tags["trial"] for r in children) == [

@@ -4,12 +4,13 @@ A trials table has one row per trial with ``label``, ``status``, ``run_id``,
 ``params.<dotted config key>`` columns and the final metrics; the tracking
 layer builds it from MLflow (``mocolab.tracking.trials_frame``), and the
 studies and ``mocolab report`` read it through the functions here. What no
-study but one draws (its paper numbers, its own table and picture) lives
-beside that study, in ``studies/<study>_plots.py``.
+study but one draws (its paper numbers, its own table and picture) is
+``<study>_plots.py`` here; ``report`` draws a sweep's report from MLflow.
 """
 
-from .plots import accuracy_bars, accuracy_errorbar, bar_plot, binned_mean, dictionary_plot, line_plot, save_figure
-from .summary import fmt_mean_std, summarise, welch_t
+from mocolab.analysis.plots import (accuracy_bars, accuracy_errorbar, bar_plot, binned_mean, dictionary_plot,
+                                    line_plot, save_figure)
+from mocolab.analysis.summary import fmt_mean_std, summarise, welch_t
 
 __all__ = ["accuracy_bars", "accuracy_errorbar", "bar_plot", "binned_mean", "dictionary_plot", "fmt_mean_std",
            "line_plot", "save_figure", "summarise", "welch_t"]

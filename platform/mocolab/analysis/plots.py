@@ -1,6 +1,6 @@
 """The pictures any study or report draws from a summary table, and their parts (matplotlib, Agg: no screen
 needed). A study's own picture (momentum against the paper's curve, the ViT's gradients, the sources of
-negatives) lives beside the study, in ``studies/<study>_plots.py``, drawn with these parts."""
+negatives) lives beside the study, in ``analysis/<study>_plots.py``, drawn with these parts."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A Ray cluster with an MLflow server on one machine (``mocolab cluster``): the multi-node topology to
 rehearse on before the real one.  Imports Ray and MLflow only as the programs it starts."""
 
-from .local import DEFAULT_DIR, LocalCluster, State
+from mocolab.cluster.local import DEFAULT_DIR, LocalCluster, State
 
 __all__ = ["DEFAULT_DIR", "LocalCluster", "State"]

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .postgres import Postgres, find_bindir
+from mocolab.cluster.postgres import Postgres, find_bindir
 
 JOIN_ATTEMPTS = 3  # starts of a worker node whose raylet exits before it joins (a port taken meanwhile)
 

@@ -84,7 +84,8 @@ class Postgres:
     def locate(cls, cluster_dir: Path, port: int) -> "Postgres":
         bindir = find_bindir()
         if bindir is None:
-            raise ValueError(f"--backend postgres: no PostgreSQL server binaries (initdb, pg_ctl) found; {INSTALL_HINT}")
+            raise ValueError(f"--backend postgres: no PostgreSQL server binaries (initdb, pg_ctl) found; "
+                             f"{INSTALL_HINT}")
         return cls(data_folder(cluster_dir), port, bindir, cluster_dir / "pgpass")
 
     @property

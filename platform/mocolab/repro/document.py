@@ -17,10 +17,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ..analysis.stats import Comparison, fmt_p, holm, interval, paired  # noqa: E402
-from ..studies.momentum_plots import PAPER_MOMENTUM  # noqa: E402
-from .inputs import check_results  # noqa: E402
-from .plan import HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, STUDIES, Study  # noqa: E402
+from mocolab.analysis.stats import Comparison, fmt_p, holm, interval, paired  # noqa: E402
+from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
+from mocolab.repro.inputs import check_results  # noqa: E402
+from mocolab.repro.plan import HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, STUDIES, Study  # noqa: E402
 
 ALPHA = 0.05
 # "m = 0 fails", fixed before the runs: every seed of m = 0 meets all three.
@@ -245,7 +245,8 @@ def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[i
         verdict = "**reproduced**" if all(each) else "**not reproduced**"
         if len(each) < planned:
             verdict += f" so far ({len(each)} of {planned} planned seeds finished)"
-        out.append(f"- *m = 0 fails* (defined before the runs: a seed fails when it diverges, or when its final loss is "
+        out.append(f"- *m = 0 fails* (defined before the runs: a seed fails when it diverges, "
+                   f"or when its final loss is "
                    f"≥ {FAIL_LOSS_FRACTION}·ln(1+K), its pretext accuracy < {100 * FAIL_PRETEXT:.0f} % and its "
                    f"linear probe ≤ its random-init encoder's + {100 * FAIL_MARGIN:.0f} point): {verdict} — "
                    f"{sum(each)} of {len(each)} seeds fail (loss criterion met by {int(loss_ok.sum())}, pretext by "

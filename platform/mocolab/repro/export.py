@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
-from .baselines import EXPERIMENT as BASELINES, KIND_TAG, SET_TAG
-from .plan import HISTORY, LABEL, Study, word
+from mocolab.tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
+from mocolab.tracking.store import BASELINE_KIND_TAG as KIND_TAG
+from mocolab.tracking.store import BASELINE_SET_TAG as SET_TAG
+from mocolab.tracking.store import BASELINES_EXPERIMENT as BASELINES
+from mocolab.repro.plan import HISTORY, LABEL, Study, word
 
 COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
            "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",

@@ -13,8 +13,8 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
-from .plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, HISTORY_READ_COLUMNS, MOMENTUM_COLUMNS, READ_COLUMNS, STUDIES,
-                   Study)
+from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, HISTORY_READ_COLUMNS, MOMENTUM_COLUMNS,
+                                READ_COLUMNS, STUDIES, Study)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 LFS_POINTER = b"version https://git-lfs"

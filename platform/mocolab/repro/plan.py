@@ -75,7 +75,7 @@ class Study:
 
 
 MOMENTA = (0.0, 0.9, 0.99, 0.999, 0.9999)
-# Every K that mocolab.studies.queue.queue_sizes gives for cpu-quick (powers of two times the batch of 256, up
+# Every K that mocolab.tune.studies.queue.queue_sizes gives for cpu-quick (powers of two times the batch of 256, up
 # to half the 60,000 training images): log-spaced from 256 to 16,384, the preset's own K and the largest valid.
 QUEUE_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 BN_MODES = ("plain", "groups", "split")

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..flags import check_number
-from .inputs import check_readme, check_results, check_store
-from .plan import STUDIES, Study
+from mocolab.config.flags import check_number
+from mocolab.repro.inputs import check_readme, check_results, check_store
+from mocolab.repro.plan import STUDIES, Study
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -31,7 +31,7 @@ def repro_store(tracking_uri: str | None, results: str | Path) -> str:
     one; the store is committed beside the CSV files it exports, so that ``mocolab repro`` on a fresh clone
     finds the trials that finished elsewhere (a grid resumes from MLflow) and runs only the rest.
     """
-    from ..tracking import resolve_tracking_uri
+    from mocolab.tracking import resolve_tracking_uri
 
     return resolve_tracking_uri(tracking_uri, default=Path(results) / STORE)
 
@@ -39,7 +39,7 @@ def repro_store(tracking_uri: str | None, results: str | Path) -> str:
 def resolve_precision(name: str) -> str:
     import torch
 
-    from ..hardware import resolve_precision as resolve
+    from mocolab.config.hardware import resolve_precision as resolve
 
     if name not in ("auto", "bf16", "fp32"):
         raise ValueError(f"--precision: {name!r}; choose auto, bf16 or fp32")
@@ -49,7 +49,7 @@ def resolve_precision(name: str) -> str:
 def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str | None, stop_after: int | None,
               say: Callable[[str], None] = print) -> int:
     """Baselines (seconds), then the study (resumed where it stopped); the study's exit code."""
-    from .baselines import log_baselines
+    from mocolab.repro.baseline_runs import log_baselines
 
     log_baselines(study.name, study.preset, study.baseline_overrides(precision), list(range(study.seeds)),
                   tracking_uri=tracking_uri, say=say)
@@ -94,9 +94,9 @@ def main(args) -> int:
     # what is read and not exported again first: a damaged file is named before hours of training, not after
     check_results(results, STUDIES if args.document_only else [s for s in STUDIES if s not in studies])
     check_readme(Path(args.readme))
-    from ..tracking import Store, local_store_path
-    from .document import replace_headline, write
-    from .export import export
+    from mocolab.tracking import Store, local_store_path
+    from mocolab.repro.document import replace_headline, write
+    from mocolab.repro.export import export
 
     code = 0
     if not args.document_only:

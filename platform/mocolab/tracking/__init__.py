@@ -4,14 +4,15 @@ This is the only package outside the tests that imports ``mlflow``, and it
 never imports Ray.
 """
 
-from .mlflow_log import MetricsLogger, RunTracker, TrackingUnreachable, recorded_manifest
-from .source import DIRTY_TAG, ray_job_id, source_tags
-from .store import (FAILURE_TAG, PARENT_ID_TAG, PARENT_TAG, RUN_NAME_TAG, STATUS_TAG, SWEEP_TAG, Store, SweepRun,
-                    trials_frame)
-from .uri import (UI_URL, absolute_uri, check_tracking_uri, local_store_path, redact_text, redact_uri,
-                  resolve_tracking_uri, run_link, ui_advice, ui_links)
+from mocolab.tracking.mlflow_log import MetricsLogger, RunTracker, TrackingUnreachable, recorded_manifest
+from mocolab.tracking.source import DIRTY_TAG, ray_job_id, source_tags
+from mocolab.tracking.store import (FAILURE_TAG, PARENT_ID_TAG, PARENT_TAG, RUN_NAME_TAG, STATUS_TAG, SWEEP_TAG, Store,
+                                    SweepRun, trials_frame)
+from mocolab.tracking.uri import (UI_URL, absolute_uri, check_tracking_uri, local_store_path, redact_text, redact_uri,
+                                  resolve_tracking_uri, run_link, ui_advice, ui_links)
 
-__all__ = ["UI_URL", "run_link", "ui_advice", "ui_links", "DIRTY_TAG", "FAILURE_TAG", "MetricsLogger", "PARENT_ID_TAG", "PARENT_TAG", "RUN_NAME_TAG", "RunTracker", "TrackingUnreachable", "STATUS_TAG",
+__all__ = ["UI_URL", "run_link", "ui_advice", "ui_links", "DIRTY_TAG", "FAILURE_TAG", "MetricsLogger", "PARENT_ID_TAG",
+           "PARENT_TAG", "RUN_NAME_TAG", "RunTracker", "TrackingUnreachable", "STATUS_TAG",
            "SWEEP_TAG", "Store", "SweepRun", "absolute_uri", "check_tracking_uri", "local_store_path",
            "ray_job_id", "recorded_manifest", "redact_text", "redact_uri", "resolve_tracking_uri", "source_tags",
            "trials_frame"]

@@ -3,7 +3,7 @@
 ``find_encoder`` only asks the store (no download), so ``mocolab eval`` refuses an unknown run or model
 before any work; ``fetch_encoder`` then downloads the two files an encoder is rebuilt from: the run's
 ``config.yaml`` (which backbone, which image size) and the ``torch.export`` program whose state dict
-holds the weights (tracking/models.py logs it).
+holds the weights (tracking/logged_models.py logs it).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import mlflow.artifacts
 
-from .models import ENCODER, _tracking_uri, model_uri
-from .store import RUN_NAME_TAG, Store
-from .uri import redact_uri
+from mocolab.tracking.logged_models import ENCODER, _tracking_uri, model_uri
+from mocolab.tracking.store import RUN_NAME_TAG, Store
+from mocolab.tracking.uri import redact_uri
 
 MODEL_URI_FORMS = "models:/<model id>, models:/<registered name>/<version> or models:/<registered name>@<alias>"
 

@@ -20,10 +20,10 @@ import json
 import yaml
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run
 
-from ..manifest import RunManifest, check_resume
-from ..sources import DatasetRecord
-from .source import source_tags
-from .store import FINGERPRINT_TAG, FORMAT_TAG, PARENT_ID_TAG, RUN_NAME_TAG, VERSION_TAG, Store, _quote
+from mocolab.config.manifest import RunManifest, check_resume
+from mocolab.data.sources import DatasetRecord
+from mocolab.tracking.source import source_tags
+from mocolab.tracking.store import FINGERPRINT_TAG, FORMAT_TAG, PARENT_ID_TAG, RUN_NAME_TAG, VERSION_TAG, Store, _quote
 
 MAX_BATCH = 1000  # metrics per log_batch call: MLflow's limit
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .uri import local_store_path
+from mocolab.tracking.uri import local_store_path
 
 DIRTY_TAG = "mocolab.source.git.dirty"  # MLflow has no standard tag for uncommitted changes
 CHANGED_TAG = "mocolab.source.git.changed"  # which tracked files differ from the commit, when some do

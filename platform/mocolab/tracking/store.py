@@ -20,16 +20,19 @@ import pandas as pd
 from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
-from ..config import check_same_config
-from .source import source_tags
-from .uri import resolve_tracking_uri
+from mocolab.config import check_same_config
+from mocolab.tracking.source import source_tags
+from mocolab.tracking.uri import resolve_tracking_uri
 
 RUN_NAME_TAG = "mocolab.run_name"  # a training run's name: how a resumed run finds its MLflow run
-# a training run's manifest (manifest.py) beside its params: the run format, the mocolab that wrote it, the
+# a training run's manifest (config/manifest.py) beside its params: the run format, the mocolab that wrote it, the
 # fingerprint of its config; a run without the format tag was started in run format 1
 FORMAT_TAG = "mocolab.run_format"
 VERSION_TAG = "mocolab.version"
 FINGERPRINT_TAG = "mocolab.config_fingerprint"
+BASELINES_EXPERIMENT = "baselines"  # mocolab baselines: the random-init encoder and raw pixels, per seed and set
+BASELINE_SET_TAG = "mocolab.baseline_set"
+BASELINE_KIND_TAG = "mocolab.baseline"
 STATUS_TAG = "mocolab.status"  # finished / diverged / failed / stopped / interrupted: beside MLflow's status
 SWEEP_TAG = "mocolab.sweep_name"  # on the parent and on every child
 PARENT_TAG = "mocolab.sweep_parent"  # on the parent only: how a resumed sweep finds it

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
-from ..addresses import check_tracking_url
+from mocolab.config.addresses import check_tracking_url
 
 _CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:?#]*):(?P<secret>[^/@?#]*)@")
 

@@ -5,8 +5,8 @@ MLflow, so a study refuses bad input before either starts; the rest loads
 from ``sweep.py`` on first use.
 """
 
-from .search import SCHEDULERS, SEARCHERS
-from .spec import Sweep, Trial
+from mocolab.tune.search import SCHEDULERS, SEARCHERS
+from mocolab.tune.spec import Sweep, Trial
 
 _FROM_SWEEP = ("open_parent", "resolve_sweep", "run_sweep", "sweep_dir", "validate_sweep")
 
@@ -15,7 +15,7 @@ __all__ = ["SCHEDULERS", "SEARCHERS", "Sweep", "Trial", *_FROM_SWEEP]
 
 def __getattr__(name: str):
     if name in _FROM_SWEEP:
-        from . import sweep
+        from mocolab.tune import sweep
 
         return getattr(sweep, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

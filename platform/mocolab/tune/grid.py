@@ -12,8 +12,8 @@ import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..config import CHOICES, parse_overrides
-from .spec import Sweep, Trial, with_validation_split
+from mocolab.config import CHOICES, parse_overrides
+from mocolab.tune.spec import Sweep, Trial, with_validation_split
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -111,7 +111,7 @@ def grid_report(keys: Sequence[str]):
     """The closing table of a grid sweep (``run_study``'s ``report``): per point, mean ± std over seeds."""
 
     def report(out_dir: Path, trials: pd.DataFrame):
-        from ..analysis import bar_plot, fmt_mean_std, summarise
+        from mocolab.analysis import bar_plot, fmt_mean_std, summarise
 
         by = trials.assign(**{"params.setting": [setting(r, keys) for r in trials.to_dict("records")]})
         table = summarise(by, "setting")

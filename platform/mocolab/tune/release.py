@@ -20,7 +20,7 @@ import ray
 from ray.tune import Callback
 from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
-from ..train.resources import PG_KEY
+from mocolab.training.resources import PG_KEY
 
 
 def release(pg_hex: str) -> bool:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-SEARCHERS = ("grid", "optuna", "random")  # grid: the study lists its trials; the others sample search_space
-SCHEDULERS = ("fifo", "asha")  # fifo: every trial runs to the end; asha: early stopping on the metric
-MODES = ("max", "min")
+from mocolab.config.choices import MODES, SCHEDULERS, SEARCHERS  # noqa: F401  (re-exported: config/choices.py)
 
 
 def check_search(search: str, scheduler: str, metric: str, mode: str) -> None:

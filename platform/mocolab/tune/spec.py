@@ -6,15 +6,49 @@ fraction of a second; ``sweep.py`` then loads Ray and MLflow to run it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..addresses import check_addresses
-from ..config import Config, build_config, check_name
-from ..data_root import check_data
-from ..flags import check_number
-from ..storage import Location
-from .search import check_search
+from mocolab.config.addresses import check_addresses
+from mocolab.config.choices import REGISTER_METRICS
+from mocolab.config import Config, build_config, check_name
+from mocolab.data.roots import check_data
+from mocolab.config.flags import check_number
+from mocolab.config.storage import Location
+from mocolab.tune.search import check_search
+
+
+@dataclass(frozen=True)
+class SweepPlace:
+    """Where a sweep keeps its state, from ``--storage`` and its name, built once per sweep: ``root`` is
+    ``<storage>/<name>`` (a folder or a URI); ``local`` this machine's folder for its lock, plot and report
+    (with URI storage a folder named by the URI, which ``publish_report`` copies to the storage)."""
+
+    storage: Location
+    root: Location
+    local: Path
+
+    @classmethod
+    def of(cls, storage: str, name: str) -> SweepPlace:
+        top = Location(storage)
+        root = top.child(name)
+        return cls(top, root, root.lock_folder() if top.remote else Path(storage) / name)
+
+    @property
+    def tune_at(self) -> Location:
+        """Tune's state of the sweep: ``<storage>/<name>/tune``."""
+        return self.root.child("tune")
+
+    @property
+    def tune(self) -> str:
+        return self.tune_at.location
+
+    @property
+    def train(self) -> str:
+        """Every trial's Ray Train run (``run.output_dir``): ``<storage>/<name>/train``."""
+        return self.root.child("train").location
 
 
 @dataclass
@@ -52,6 +86,11 @@ class Sweep:
     register_metric: str = "linear_top1"  # ... best by this final metric (max; min for a loss)
     verbose: bool = False  # also print Ray's own output (Tune's tables, workers' logs); always in Ray's log files
     watch_s: int | None = None  # keep <sweep folder>/report/report.html current while trials run, every N s
+
+    @functools.cached_property
+    def place(self) -> SweepPlace:
+        """Where its state lives, built on first use (a sweep made by ``dataclasses.replace`` builds its own)."""
+        return SweepPlace.of(self.storage, self.name)
 
 
 # ------------------------------------------------------------------ validation
@@ -102,7 +141,7 @@ def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: fl
     over = {**sweep.base_overrides, **over,
             "run.num_workers": sweep.workers_per_trial, "run.cpus_per_worker": cpus_per_worker,
             "run.gpus_per_worker": sweep.gpus_per_worker, "run.experiment": sweep.study,
-            "run.output_dir": Location(sweep.storage).child(sweep.name, "train").location,
+            "run.output_dir": sweep.place.train,
             "run.name": f"{sweep.name}--{_slug(label)}"}
     if sweep.workers_per_trial == 0:
         over.pop("run.cpus_per_worker")
@@ -154,6 +193,3 @@ def _trial_config(sweep: Sweep, overrides: dict[str, Any]) -> Config:
     """A config the sweep's trials build, refused here if it or its data is bad."""
     return check_data(build_config(sweep.preset, overrides))
 
-
-REGISTER_METRICS = {"linear_top1": "max", "knn_top1": "max", "val_linear_top1": "max", "val_knn_top1": "max",
-                    "final_loss": "min"}  # final metrics of every trial

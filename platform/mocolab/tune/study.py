@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..config import config_file_overrides, list_presets, parse_overrides
-from ..flags import check_seeds
-from ..interrupts import closing_on_signals, exit_code
-from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep  # noqa: F401  (Trial: what studies build)
+from mocolab.config import config_file_overrides, list_presets, parse_overrides
+from mocolab.config.flags import check_seeds
+from mocolab.training.interrupts import closing_on_signals, exit_code
+from mocolab.tune.spec import REGISTER_METRICS, Sweep, Trial, check_sweep  # noqa: F401  (Trial: what studies build)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -122,7 +122,7 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from .sweep import ending, resolve_sweep, run_sweep
+    from mocolab.tune.sweep import ending, resolve_sweep, run_sweep
 
     sweep = resolve_sweep(sweep)
     with closing_on_signals():
@@ -148,7 +148,7 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
 
 def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
     """--register: the best finished trial's encoder becomes a new version of the registered model."""
-    from ..tracking.models import register_model
+    from mocolab.tracking.logged_models import register_model
 
     metric, mode = sweep.register_metric, REGISTER_METRICS[sweep.register_metric]
     done = trials[(trials["status"] == "finished") & trials[metric].notna()]
@@ -170,10 +170,10 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
 def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport], grid: Any = None) -> int:
     """Summarise, report and close the parent run; the exit status. ``grid``: Tune's results of this
     invocation, for the trials that errored before their MLflow run existed."""
-    from ..report import build_report
-    from ..tracking import ui_advice, ui_links
-    from .lost import unrecorded_errors
-    from .sweep import publish_report, ray_logs_dir, sweep_dir, tune_dir
+    from mocolab.analysis.report import build_report
+    from mocolab.tracking import ui_advice, ui_links
+    from mocolab.tune.lost import unrecorded_errors
+    from mocolab.tune.sweep import publish_report, ray_logs_dir
 
     trials = parent.trials()
     unrecorded = unrecorded_errors(grid, set(trials["label"]) if not trials.empty else set())
@@ -182,7 +182,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
         print(f"{reason}: nothing to summarise", file=sys.stderr)
         parent.set_status("failed", mlflow_status="FAILED", reason=reason)
         return 1
-    text, figure, table = report(sweep_dir(sweep), trials)
+    text, figure, table = report(sweep.place.local, trials)
     stopped = trials[trials["status"] == "stopped_early"]
     if not stopped.empty:
         text += "\nStopped early by the scheduler (a normal outcome of a search): " + ", ".join(
@@ -190,7 +190,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
             else str(r.label) for r in stopped.itertuples())
     print(text)
     parent.log_summary(table, trials, figure, text)
-    rep = build_report(sweep.study, sweep_dir(sweep) / "report", parent_run=parent.run_id,
+    rep = build_report(sweep.study, sweep.place.local / "report", parent_run=parent.run_id,
                        tracking_uri=sweep.tracking_uri)
     published = publish_report(sweep)
     if sweep.register:
@@ -201,7 +201,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     # a trial missing from MLflow is one --stop-after left for later, or one that failed before its run existed
     missing, n_missing = [f"{u} (before its MLflow run was created)" for u in unrecorded], len(unrecorded)
     if not unrecorded and left > 0 and not sweep.stop_after:
-        missing = [f"{left} trial(s) ended without an MLflow run (Tune's record of each: {tune_dir(sweep)}; "
+        missing = [f"{left} trial(s) ended without an MLflow run (Tune's record of each: {sweep.place.tune}; "
                    f"Ray's logs: {ray_logs_dir()})"]
         n_missing = left
     if bad.empty and not missing and left > 0:  # --stop-after ended this invocation early, as asked

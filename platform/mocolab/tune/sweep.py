@@ -1,7 +1,7 @@
 """A sweep: Ray Tune trials, each one Ray Train run, recorded as MLflow child runs of one parent.
 
 Train inside Tune (Ray 2.x, Train V2): every trial is a small Tune function
-that calls ``mocolab.train.fit`` with Tune's ``TuneReportCallback``, so the
+that calls ``mocolab.training.fit`` with Tune's ``TuneReportCallback``, so the
 epoch metrics of rank 0 reach Tune's scheduler while the workers run in their
 own placement group.  Names are deterministic (sweep name + what varies), so
 re-running the same command resumes: Tune restores the sweep, a restarted
@@ -24,20 +24,20 @@ from ray import tune
 from ray.tune import Stopper
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from ..config import absolute_paths, build_config
-from ..lock import NameLock
-from ..storage import Location, is_uri
-from ..tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
+from mocolab.config import absolute_paths, build_config
+from mocolab.training.lock import NameLock
+from mocolab.config.storage import is_uri
+from mocolab.tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
                         resolve_tracking_uri, source_tags)
-from ..train import fit
-from ..train.launch import ensure_ray
-from ..train.resources import TRIAL_DRIVER_CPUS, check_placement, node_capacities, threads_for, worker_gpus
-from ..train.shipping import check_job_paths
-from .lost import lost_trials
-from .progress import SweepProgress
-from .release import ReleaseEndedTrials
-from .search import build_scheduler, build_searcher, tune_space
-from .spec import REGISTER_METRICS, Sweep, Trial, check_sweep, trial_overrides  # noqa: F401  (re-exported)
+from mocolab.training import fit
+from mocolab.training.launch import ensure_ray
+from mocolab.training.resources import TRIAL_DRIVER_CPUS, check_placement, node_capacities, threads_for, worker_gpus
+from mocolab.training.shipping import check_job_paths
+from mocolab.tune.lost import lost_trials
+from mocolab.tune.progress import SweepProgress
+from mocolab.tune.release import ReleaseEndedTrials
+from mocolab.tune.search import build_scheduler, build_searcher, tune_space
+from mocolab.tune.spec import REGISTER_METRICS, Sweep, Trial, check_sweep, trial_overrides  # noqa: F401  (re-exported)
 
 
 def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
@@ -110,7 +110,7 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
     label, over = trial_overrides(sweep, config, cpus_per_worker, tune.get_context().get_trial_id())
     cfg = build_config(sweep.preset, over)
     metric = sweep.metric if sweep.search != "grid" else None  # a search's; a grid sends every report
-    # Ray Train workers report to Tune through the callback; a W = 0 loop reports itself (train/session.py),
+    # Ray Train workers report to Tune through the callback; a W = 0 loop reports itself (training/session.py),
     # and the callback would only start its queue actor, a process that is never read
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
               tags={SWEEP_TAG: sweep.name, "trial": label, **sweep.source}, display_name=label,
@@ -135,23 +135,15 @@ def resolve_sweep(sweep: Sweep) -> Sweep:
 
 
 def sweep_dir(sweep: Sweep) -> Path:
-    """The sweep's local folder: its lock, plot and report (with URI storage, a folder on this machine
-    named by the URI; ``publish_report`` copies what a study writes there to the storage)."""
-    if is_uri(sweep.storage):
-        return Location(sweep.storage).child(sweep.name).lock_folder()
-    return Path(sweep.storage) / sweep.name
-
-
-def tune_dir(sweep: Sweep) -> str:
-    """Where Tune keeps the sweep's state: ``<storage>/<name>/tune``, a folder or a URI."""
-    return Location(sweep.storage).child(sweep.name, "tune").location
+    """The sweep's local folder: its lock, plot and report (``SweepPlace.local``)."""
+    return sweep.place.local
 
 
 def publish_report(sweep: Sweep) -> str | None:
     """With URI storage, copy the study's plot and report beside its Tune and Train state; returns where."""
     if not is_uri(sweep.storage):
         return None
-    remote, local = Location(sweep.storage).child(sweep.name), sweep_dir(sweep)
+    remote, local = sweep.place.root, sweep.place.local
     for png in local.glob("*.png"):  # the study's own plot
         remote.put_file(png, png.name)
     if (local / "report").is_dir():
@@ -170,7 +162,7 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
 
     check_job_paths({"--storage": None if is_uri(sweep.storage) else sweep.storage,
                      "--tracking-uri": local_store_path(sweep.tracking_uri)})
-    Location(sweep.storage).check("--storage")
+    sweep.place.storage.check("--storage")
 
     ensure_ray(log_to_driver=sweep.verbose)
     # MLflow's source tags, once, in this driver (a trial's argv and folder are Ray's), Ray's job id included
@@ -196,7 +188,7 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
     else:
         check_placement(1, cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker, gpus,
                         nodes=nodes, what="each trial (local mode)")
-    with NameLock(sweep_dir(sweep), f"sweep '{sweep.name}'", say=progress):
+    with NameLock(sweep.place.local, f"sweep '{sweep.name}'", say=progress):
         parent = open_parent(sweep)
         progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
                  f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
@@ -300,13 +292,13 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, 
     trainable = tune.with_resources(
         tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
         resources)
-    tune_path = tune_dir(sweep)
+    tune_path = sweep.place.tune
     if sweep.search != "grid":
         # Not every report carries the search metric (the last epoch's kNN comes with the final
         # report; checkpoint-only reports have none): ASHA skips those, Optuna reads the last one.
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
         # A search's state lives in its searcher: resume it through Tune.
-        path = Location(tune_path).child("search")
+        path = sweep.place.tune_at.child("search")
         if tune.Tuner.can_restore(path.location):
             progress(f"resuming the search from {path}")
             return tune.Tuner.restore(path.location, trainable=trainable, resume_errored=True)
@@ -328,7 +320,7 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, 
         progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
     if not remaining:
         return None
-    attempt = 1 + sum(1 for n in Location(tune_path).children() if n.startswith("attempt-"))
+    attempt = 1 + sum(1 for n in sweep.place.tune_at.children() if n.startswith("attempt-"))
     space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
     if only is None:
         lines.total = len(remaining)
@@ -347,9 +339,9 @@ def _live_report(sweep: Sweep, parent: SweepRun, progress: Callable[[str], None]
     """``--watch``: the report rewritten as trials progress (the study writes the final one at the end)."""
     if not sweep.watch_s:
         return None
-    from ..report import build_report
+    from mocolab.analysis.report import build_report
 
-    page = sweep_dir(sweep) / "report" / "report.html"
+    page = sweep.place.local / "report" / "report.html"
     progress(f"live report: {page} (reloads itself every {sweep.watch_s} s while trials run)")
 
     def write() -> None:

@@ -1,0 +1,223 @@
+"""Every mistake in a config, caught before data is loaded or a process starts: a ``ValueError`` that names
+the field, the value and what is allowed.  The checks read the config alone; whether the data it names is
+on this disk is ``data.roots.check_data``'s question."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable
+
+from mocolab.config.choices import CHOICES, MIN_IMAGE_SIZE, STREAMABLE, VIT_SIZES
+from mocolab.config.schema import Config
+
+
+def _choice(name: str, value: Any, allowed: Iterable[Any]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name}: unknown value {value!r}; choose one of {list(allowed)}")
+
+
+def _range(name: str, value: float, lo: float | None = None, hi: float | None = None, *,
+           lo_open: bool = False, hi_open: bool = False, allowed: str | None = None) -> None:
+    # No field of a config means anything at infinity (or NaN): a non-finite number is always out of range.
+    bad = isinstance(value, float) and not math.isfinite(value)
+    if lo is not None:
+        bad |= value <= lo if lo_open else value < lo
+    if hi is not None:
+        bad |= value >= hi if hi_open else value > hi
+    if bad:
+        if allowed is None:
+            left = "(" if lo_open else "["
+            right = ")" if hi_open else "]"
+            allowed = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+        raise ValueError(f"{name}: {value!r} is out of range; allowed {allowed}")
+
+
+def validate(cfg: Config) -> Config:
+    """Every check of the config alone: a function of its fields that reads no file and no environment, so it
+    answers the same wherever it runs. What needs the disk (the data is there, and a folder holds enough
+    images) is ``data_root.check_data``, which every command runs where it uses the data, before any work."""
+    d, a, mo, mc, q, o, e, r = cfg.data, cfg.augment, cfg.model, cfg.moco, cfg.queue, cfg.optim, cfg.eval, cfg.run
+    flat = cfg.flatten()
+    for key, allowed in CHOICES.items():
+        _choice(key, flat[key], allowed)
+
+    _range("moco.m", mc.m, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
+    # tau below 1e-3 puts logits of 1/tau beyond what a bf16 encoder's embeddings resolve; above 10 the
+    # softmax is flat and nothing is learned.  lr has no useful upper bound (large-batch recipes scale it
+    # with the batch; a diverging run is an outcome the platform records), only finiteness.
+    _range("moco.tau", mc.tau, 1e-3, 10.0, allowed="[0.001, 10]")
+    _range("optim.lr", o.lr, 0.0, lo_open=True, allowed="lr > 0 and finite")
+    _range("optim.batch_size", o.batch_size, 2, allowed="batch_size >= 2")
+    _range("optim.epochs", o.epochs, 1, allowed="epochs >= 1")
+    if o.max_steps is not None:
+        _range("optim.max_steps", o.max_steps, 1, allowed="max_steps >= 1 or None")
+    _range("optim.momentum", o.momentum, 0.0, 1.0, hi_open=True)
+    _range("optim.warmup_epochs", o.warmup_epochs, 0.0, float(o.epochs), hi_open=True,
+           allowed=f"[0, optim.epochs={o.epochs})")
+    # the data's size first: the ViT's patch checks divide it
+    for key in ("subset", "image_size"):
+        val = getattr(d, key)
+        if val is not None:
+            _range(f"data.{key}", val, 1)
+    smallest = MIN_IMAGE_SIZE.get(cfg.model.backbone, 1)
+    if d.image_size is not None and d.image_size < smallest:
+        raise ValueError(f"data.image_size: {d.image_size} is below the {smallest} px model.backbone "
+                         f"{cfg.model.backbone!r} accepts; allowed >= {smallest} (or another backbone)")
+    _check_vit(cfg)
+    _range("optim.weight_decay", o.weight_decay, 0.0, 1.0)
+    _range("augment.crop_min", a.crop_min, 0.0, 1.0, lo_open=True, allowed="(0, 1]")
+    _range("augment.jitter", a.jitter, 0.0, 1.0)
+    _range("augment.blur_sigma_max", a.blur_sigma_max, 0.1, 100.0)
+    # Upper bounds where a larger value can only fail later (an allocation, a thread pool, a seed stream):
+    # past them the error is this one line, not a traceback minutes in.
+    _range("model.width", mo.width, 1, 8192)
+    _range("model.dim", mo.dim, 1, 65536)
+    _range("model.hidden", mo.hidden, 0, 65536)
+    _range("eval.knn_k", e.knn_k, 1)
+    _range("eval.knn_t", e.knn_t, 0.0, 100.0, lo_open=True)  # any t > 0: the kNN weights are computed stably
+    _range("eval.knn_every", e.knn_every, 0)
+    _range("eval.linear_steps", e.linear_steps, 1, 100_000)
+    _range("eval.linear_wd", e.linear_wd, 0.0, 100.0)
+    _range("run.num_workers", r.num_workers, 0)
+    _range("run.threads", r.threads, 0, 1024)
+    _range("run.seed", r.seed, 0, 2**32 - 1)
+    _range("run.cpus_per_worker", r.cpus_per_worker, 0.0, 4096.0, lo_open=True, allowed="(0, 4096]")
+    if r.name is not None:
+        check_name("run.name", r.name)
+    _range("run.gpus_per_worker", r.gpus_per_worker, 0.0, 64.0)
+    _range("run.collective_timeout_s", r.collective_timeout_s, 1.0, 7 * 86400.0)
+    _range("run.checkpoint_every", r.checkpoint_every, 0)
+    _range("run.keep_checkpoints", r.keep_checkpoints, 1)
+    _range("run.system_metrics_s", r.system_metrics_s, 0, 86400)
+    _range("run.step_metrics_every", r.step_metrics_every, 1, allowed="an integer >= 1")
+    _range("run.max_failures", r.max_failures, 0)
+    _range("run.fault_step", r.fault_step, 0)
+    _range("data.synthetic_size", d.synthetic_size, 2, 1_000_000)
+    _range("data.memory_budget_mb", d.memory_budget_mb, 1)
+    _range("data.stream_tasks", d.stream_tasks, 1, 64)
+    _range("data.max_bad_fraction", d.max_bad_fraction, 0.0, 1.0)
+    _range("data.val_size", d.val_size, 0, 10_000_000)
+    if d.name == "imagefolder" and not d.root:
+        raise ValueError("data.root: imagefolder needs a folder path (root/train/<class>/*.jpg)")
+    if d.name == "parquet" and not d.root:
+        raise ValueError("data.root: parquet needs a folder path (root/train/*.parquet, root/val/*.parquet)")
+    if d.loader == "stream" and d.name not in STREAMABLE:
+        raise ValueError(f"data.loader: 'stream' reads {' or '.join(STREAMABLE)} sets, not {d.name!r} "
+                         f"(which is decoded into memory): use data.loader=memory or auto")
+    for key in ("knn_bank", "knn_test", "linear_train", "linear_test"):
+        val = getattr(e, key)
+        if val is not None:
+            _range(f"eval.{key}", val, 1)
+
+    # checked even where the method does not read them (v3 has no queue, plain BN no groups): a nonsense
+    # value in a config is refused, not kept until someone switches the method
+    _range("queue.size", q.size, 0)
+    _range("moco.bn_groups", mc.bn_groups, 1, 4096)
+    ws = cfg.world_size
+    if o.batch_size % ws:
+        raise ValueError(f"optim.batch_size: {o.batch_size} must be a multiple of run.num_workers={ws}")
+    if mc.bn in ("split", "groups"):
+        g = mc.bn_groups
+        _range("moco.bn_groups", g, 1)
+        if cfg.per_rank_batch % g:
+            raise ValueError(
+                f"moco.bn_groups: {g} must divide the per-rank batch {cfg.per_rank_batch} "
+                f"(optim.batch_size={o.batch_size} / {ws} workers)")
+        if cfg.per_rank_batch // g < 2:
+            raise ValueError(f"moco.bn_groups: {g} groups leave fewer than 2 samples per group "
+                             f"in a per-rank batch of {cfg.per_rank_batch}")
+    if mc.bn == "shuffle" and ws < 2:
+        raise ValueError("moco.bn: 'shuffle' needs run.num_workers >= 2 ranks to shuffle across; "
+                         "in one process use 'split' (virtual groups + in-process shuffle)")
+    if mc.bn == "sync" and ws < 2:
+        raise ValueError("moco.bn: 'sync' (batch-norm over the global batch) needs run.num_workers >= 2 ranks; "
+                         "in one process use 'split' or 'plain'")
+
+    _check_negatives(cfg)
+    if cfg.uses_queue:  # the queue's own bounds (v3, a memory bank and in-batch read no queue.size)
+        if q.size <= 0:
+            raise ValueError(f"queue.size: {q.size} must be > 0")
+        if q.size % o.batch_size:
+            raise ValueError(f"queue.size: {q.size} must be a multiple of the global batch "
+                             f"optim.batch_size={o.batch_size} (so the FIFO ring wraps on a batch boundary)")
+    check_train_size(cfg, cfg.known_train_size)
+    return cfg
+
+
+def check_train_size(cfg: Config, n: int | None) -> None:
+    """The fields bounded by the training set's size ``n`` (images a run trains on; None: unknown, nothing
+    checked): ``validate`` checks them where the config gives n, ``data_root.check_data`` where the disk does."""
+    if n is None:
+        return
+    d, q, o = cfg.data, cfg.queue, cfg.optim
+    if d.val_size and n == 0:
+        raise ValueError(f"data.val_size: {d.val_size} holds out every training image; allowed: fewer than the "
+                         f"training set")
+    if cfg.moco.negatives == "memory_bank" and cfg.bank_negatives >= n:
+        raise ValueError(f"bank.negatives: {cfg.bank_negatives} negatives per step must be below the "
+                         f"training-set size {n}" + (" (bank.negatives=0 takes queue.size)" if not cfg.bank.negatives
+                                                     else ""))
+    if cfg.uses_queue and q.size >= n:
+        raise ValueError(f"queue.size: {q.size} must be below the training-set size {n} "
+                         f"(else an image's own older key is one of its negatives)")
+    if o.batch_size > n:
+        raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
+
+
+def _check_negatives(cfg: Config) -> None:
+    mc, q, b = cfg.moco, cfg.queue, cfg.bank
+    _range("eval.drift_probes", cfg.eval.drift_probes, 0, allowed="an integer >= 0 (0: no key-drift probes)")
+    if mc.negatives != "queue" and mc.version == "v3":
+        raise ValueError(f"moco.negatives: {mc.negatives!r} applies to the v1/v2 algorithm; moco.version=v3 "
+                         f"takes its negatives from the global batch (use moco.version=v2)")
+    if mc.negatives != "queue" and mc.bn == "shuffle":
+        raise ValueError(f"moco.bn: 'shuffle' shuffles the key encoder's batch, and moco.negatives="
+                         f"{mc.negatives} has no key encoder; use split, plain or sync")
+    if q.policy != "fifo" and q.layout == "sharded" and cfg.world_size > 1:
+        raise ValueError(f"queue.policy: {q.policy!r} needs queue.layout=replicated with run.num_workers > 1 "
+                         f"(every rank draws the same slots); the sharded layout is FIFO only")
+    if not cfg.uses_queue and q.policy != "fifo":
+        raise ValueError(f"queue.policy: {q.policy!r} applies to MoCo's queue, and there is none "
+                         f"(moco.version={mc.version}, moco.negatives={mc.negatives})")
+    if mc.negatives != "memory_bank":
+        changed = [k for k, default in (("negatives", 0), ("momentum", 0.5)) if getattr(b, k) != default]
+        if changed:
+            raise ValueError(f"bank.{changed[0]}: applies to moco.negatives=memory_bank only, and "
+                             f"moco.negatives is {mc.negatives!r}")
+        return
+    _range("bank.momentum", b.momentum, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
+    _range("bank.negatives", b.negatives, 0, allowed="0 (queue.size) or an integer >= 1")
+
+
+def _check_vit(cfg: Config) -> None:
+    v = cfg.vit
+    _range("vit.patch_size", v.patch_size, 0, allowed="0 (sized for the data) or a divisor of the image size")
+    _range("vit.depth", v.depth, 0, 64, allowed="0 (the named size's 12) to 64")
+    if not cfg.is_vit:
+        changed = [k for k, default in (("patch_size", 0), ("depth", 0), ("freeze_patch_embed", False))
+                   if getattr(v, k) != default]
+        if changed:
+            raise ValueError(f"vit.{changed[0]}: applies to the ViT backbones {list(VIT_SIZES)} only, and "
+                             f"model.backbone is {cfg.model.backbone!r}")
+        return
+    size = cfg.image_size
+    if v.patch_size and size % v.patch_size:
+        divisors = [p for p in range(2, size // 2 + 1) if size % p == 0]
+        raise ValueError(f"vit.patch_size: {v.patch_size} does not divide the image size {size}; "
+                         f"allowed 0 (sized for the data) or one of {divisors}")
+
+
+NAME_RULE = ("1 to 200 characters from letters, digits and . _ = -, starting with a letter, digit or _ "
+             "(it names a folder and an MLflow filter value)")
+
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=-]{0,199}")
+
+
+def check_name(field: str, name: str) -> str:
+    """Run and sweep names become folder names and MLflow filter values: a safe set, nothing that escapes."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{field}: {name!r} is not a valid name; use {NAME_RULE}")
+    return name

@@ -1,0 +1,2 @@
+"""The networks: backbones and heads (``backbones``, ``vision_transformer``, ``pooling``) and what leaves
+the platform as a model (``exported``)."""

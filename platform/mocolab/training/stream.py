@@ -1,0 +1,198 @@
+"""The streaming loader: Ray Data reads and decodes, each Train worker receives only its own batches.
+
+Order: per epoch one permutation of the whole index (a full shuffle, drawn
+from (seed, epoch) exactly as the in-memory loader draws it), cut into global
+batches, of which each rank takes its own slice (data.rank_positions). A
+full shuffle of the index costs 8 bytes per image, not the image: so the
+papers' i.i.d. order is kept, instead of the weaker order of a shuffle buffer
+over file order, and every rank's epoch has the same length by construction.
+
+Why not ``ray.train.get_dataset_shard``: Train's ``streaming_split`` hands
+blocks to whichever worker asks first, so which images a rank sees depends on
+timing; then neither a run nor a resumed run could reproduce its order.
+Here every rank builds its own Ray Dataset of the steps it has left (a
+resumed run starts at the step it stopped, decoding nothing it skips). The
+decode tasks run on any node (CPU-only nodes included) and reserve no CPU:
+the Train workers hold their CPUs for the whole run, and decode tasks that
+waited for a free CPU would wait forever on a full laptop. ``data.stream_tasks``
+bounds how many run at once per worker. A task decodes whole batches, at least
+``TASK_IMAGES`` images (several small batches to one task), since Ray Data
+costs a few tens of CPU-milliseconds per task, as much as decoding a few dozen
+images; with ordered output, what a worker holds at a time is a few tasks'
+batches, whatever the dataset size.
+
+A file that cannot be decoded is found when it is read: in a training batch
+the batch's previous readable image stands in for it, as in memory
+(data.fill_unreadable), evaluation leaves it out, and the names found are
+gathered from every rank at each epoch's end, printed by rank 0 and kept for
+MLflow (``unreadable``). A rank that has found more than
+``data.max_bad_fraction`` of the split stops the run at once; the gathered
+count is checked on every rank together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from mocolab.config import Config
+from mocolab.data.sets import DEFAULT_IMAGEFOLDER_SIZE, fill_unreadable, rank_positions
+from mocolab.method.collectives import rank_and_world
+from mocolab.data.image_index import Decoder, ImageIndex, build_index, decode, decode_bytes
+from mocolab.data.sources import (DEFAULT_MAX_BAD_FRACTION, EVAL_CHUNK, DatasetRecord, UnreadableFiles, eval_order,
+                                  file_list_digest, subset_positions)
+
+TASK_IMAGES = 256  # images a decode task aims for: batches smaller than this are decoded several to a task
+
+
+def _decode_block(batch: dict[str, np.ndarray], size: int, decoder: Decoder) -> dict[str, np.ndarray]:
+    torch.set_num_threads(1)  # decode tasks share the node with the trainers
+    images, unreadable = [], []
+    for refs in batch["refs"]:
+        x, bad = decode(list(refs), size, decoder)
+        images.append(x.numpy())
+        unreadable.append(bad.numpy())
+    return {"images": np.stack(images), "unreadable": np.stack(unreadable)}
+
+
+def _union_over_ranks(names: set[str]) -> set[str]:
+    """Every rank's names, on every rank (a collective when there are several: all ranks call it together)."""
+    _, world = rank_and_world()
+    if world == 1:
+        return names
+    gathered: list[list[str] | None] = [None] * world
+    tdist.all_gather_object(gathered, sorted(names))
+    return set().union(*(g or [] for g in gathered))
+
+
+class StreamSource:
+    """A split streamed through Ray Data; the ``TrainSource`` the Trainer reads (data/sources.py).
+
+    ``decoder``: bytes to uint8 3×size×size, the shared ``decode_bytes`` unless a benchmark times another;
+    ``task_images``: images a decode task aims for (1: one batch per task)."""
+
+    kind = "streamed"
+
+    def __init__(self, train: ImageIndex, test: ImageIndex, *, tasks: int = 2,
+                 max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, decoder: Decoder = decode_bytes,
+                 task_images: int = TASK_IMAGES, say: Callable[[str], None] = print) -> None:
+        self.train, self.test, self.tasks, self.decoder, self.say = train, test, tasks, decoder, say
+        self.task_images = task_images
+        self.size, self.test_size, self.classes = len(train), len(test), train.classes
+        self.channels, self.image_size = train.channels, train.image_size
+        self.unreadable = UnreadableFiles({"train": len(train), "test": len(test)}, max_bad_fraction,
+                                          complete=False)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "StreamSource":
+        d = cfg.data
+        size = d.image_size or DEFAULT_IMAGEFOLDER_SIZE
+        train = build_index(d.name, d.root, "train", size)
+        if d.subset is not None and d.subset < len(train):  # a fixed random subset, not the first classes
+            keep = subset_positions(len(train), d.subset)
+            train = dataclasses.replace(train, refs=tuple(train.refs[i] for i in keep), labels=train.labels[keep])
+        return cls(train, build_index(d.name, d.root, "test", size), tasks=d.stream_tasks,
+                   max_bad_fraction=d.max_bad_fraction)
+
+    def notes(self) -> list[str]:
+        return [f"streamed through Ray Data: {self.size:,} training images ({self.train.decoded_bytes() / 2**20:,.0f} "
+                f"MiB decoded, never held at once), {self.tasks} decode task(s) in flight per worker; unreadable "
+                f"files are reported as they are found, and more than data.max_bad_fraction="
+                f"{self.unreadable.max_fraction:g} of a split stops the run"]
+
+    def _stream(self, blocks: list[list[str]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(images, unreadable mask) per block, in the order of ``blocks``."""
+        import ray.data
+
+        logging.getLogger("ray.data").setLevel(logging.WARNING)  # not one line per epoch's dataset
+        if not blocks:
+            return
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True  # batch i of the iterator is block i: the planned order
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        per_task = max(1, -(-self.task_images // max(1, len(blocks[0]))))  # equal blocks: a task's rows stack
+        if any(len(b) != len(blocks[0]) for b in blocks):
+            per_task = 1
+        tasks = -(-len(blocks) // per_task)
+        ds = ray.data.from_items([{"refs": b} for b in blocks], override_num_blocks=tasks)
+        ds = ds.map_batches(_decode_block, batch_size=per_task, num_cpus=0,
+                            compute=ray.data.TaskPoolStrategy(size=min(self.tasks, tasks)),
+                            fn_kwargs={"size": self.image_size, "decoder": self.decoder})
+        for out in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=1):
+            # a copy: the block in the object store is read-only and is freed
+            yield np.array(out["images"][0]), np.asarray(out["unreadable"][0], dtype=bool)
+
+    def _found(self, split: str, positions: np.ndarray, unreadable: np.ndarray) -> bool:
+        """Record a block's unreadable files; stop the run once this rank alone has found too many."""
+        if not unreadable.any():
+            return False
+        index = self.train if split == "train" else self.test
+        new = self.unreadable.add(split, (index.short_name(index.refs[i]) for i in positions[unreadable]))
+        self.unreadable.check(split)
+        return new
+
+    def _epoch_end(self, rank: int, before: int) -> None:
+        """All ranks together: the union of what each found, the bound on it, and one line from rank 0."""
+        self.unreadable.names["train"] = _union_over_ranks(self.unreadable.names["train"])
+        self.unreadable.check("train")
+        if rank == 0 and self.unreadable.count("train") > before:
+            self.say(f"  {self.unreadable.note('train')}")
+
+    def epoch(self, generator, batch, rank, world_size, start_step):
+        for images, _ in self.epoch_indexed(generator, batch, rank, world_size, start_step):
+            yield images
+
+    def epoch_indexed(self, generator, batch, rank, world_size, start_step):
+        """As ``epoch``, with each image's position in the training index (memory bank, key drift)."""
+        perm = torch.randperm(self.size, generator=generator)
+        steps = self.size // (batch * world_size)
+        positions = [rank_positions(perm, s, batch, rank, world_size) for s in range(start_step, steps)]
+        blocks = [[self.train.refs[i] for i in pos.tolist()] for pos in positions]
+        before = self.unreadable.count("train")
+        for pos, (images, bad) in zip(positions, self._stream(blocks)):
+            self._found("train", pos.numpy(), bad)
+            yield fill_unreadable(torch.from_numpy(images), torch.from_numpy(bad)), pos
+        self._epoch_end(rank, before)
+
+    def images_at(self, index):
+        """The training images at these positions, decoded (a few hundred at an epoch's end: key drift);
+        an unreadable one replaced within its chunk, as in memory."""
+        positions = index.cpu().numpy()
+        chunks = [positions[j:j + EVAL_CHUNK] for j in range(0, len(positions), EVAL_CHUNK)]
+        parts = []
+        for part, (images, bad) in zip(chunks, self._stream([[self.train.refs[i] for i in c] for c in chunks])):
+            self._found("train", part, bad)
+            parts.append(fill_unreadable(torch.from_numpy(images), torch.from_numpy(bad)))
+        return torch.cat(parts) if parts else torch.empty(0, self.channels, self.image_size, self.image_size,
+                                                          dtype=torch.uint8)
+
+    def eval_split(self, split, n):
+        """Unreadable images are left out, as in memory."""
+        index = self.train if split == "train" else self.test
+        order = eval_order(len(index), n)
+        chunks = [order[j:j + EVAL_CHUNK] for j in range(0, len(order), EVAL_CHUNK)]
+        blocks = [[index.refs[i] for i in part] for part in chunks]
+        grew = False
+        for part, (images, bad) in zip(chunks, self._stream(blocks)):
+            grew |= self._found(split, part, bad)
+            keep = ~bad
+            yield torch.from_numpy(images[keep]), torch.from_numpy(index.labels[part][keep])
+        if grew:
+            self.say(f"  {self.unreadable.note(split)}")
+
+    def records(self) -> list[DatasetRecord]:
+        return [DatasetRecord(ix.name, split, len(ix), file_list_digest(ix.refs, ix.labels, ix.image_size),
+                              "file list and labels", ix.image_size, ix.channels)
+                for split, ix in (("train", self.train), ("test", self.test))]
+
+    def describe_eval(self, split, n):
+        total = len(self.train if split == "train" else self.test)
+        if n is None or n >= total:
+            return f"all {total:,}"
+        return f"a fixed random {n:,} of {total:,}"

@@ -1,0 +1,75 @@
+"""Queue-size ablation: accuracy against the number of negatives K (MoCo paper, Figure 3).
+
+    python experiments/queue_ablation.py --preset cpu-quick --samples 6        # Optuna search + ASHA
+    python experiments/queue_ablation.py --preset cpu-quick --grid --seeds 2    # every K
+    mocolab study queue --preset smoke                      # the same, from an installed mocolab
+"""
+
+import argparse
+import sys
+
+from mocolab.config import build_config
+from mocolab.data.roots import check_data
+from mocolab.config.flags import parse_checked
+from mocolab.tune import Trial
+from mocolab.tune.spec import with_validation_split
+from mocolab.tune.study import make_sweep, overrides_of, run_study, seeds_of, study_parser
+
+
+def queue_sizes(preset: str, overrides: dict) -> list[int]:
+    """Powers of two times the global batch, below half the training set (K well below N)."""
+    cfg = check_data(build_config(preset, overrides))  # n: a folder of images is counted on disk
+    b, n = cfg.optim.batch_size, cfg.train_size or 0
+    return [b * 2 ** i for i in range(0, 20) if b * 2 ** i <= n // 2]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
+    p = study_parser(__doc__.splitlines()[0], "queue")
+    p.add_argument("--grid", action="store_true", help="every queue size instead of a search")
+    p.add_argument("--samples", type=int, default=6, help="search mode: trials Optuna samples (default 6)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_checked(parser(), argv)
+        overrides = overrides_of(args)  # --config's and --set's
+        if not args.grid:  # a search selects by the validation split's kNN: hold one out
+            overrides = with_validation_split(args.preset, overrides)
+        seeds, sizes = seeds_of(args), queue_sizes(args.preset, overrides)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.grid:
+        trials = [Trial(f"K={k} seed={s}", {"queue.size": k, "run.seed": s}) for k in sizes for s in seeds]
+        sweep = make_sweep(args, "queue-ablation", f"queue size grid K in {sizes}, seeds {seeds}", trials)
+    else:
+        sweep = make_sweep(args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on the kNN top-1 "
+                           f"of {overrides['data.val_size']:,} held-out training images", [],
+                           search="optuna", search_space={"queue.size": sizes}, scheduler="asha",
+                           metric="val_knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
+        sweep.base_overrides["data.val_size"] = overrides["data.val_size"]
+
+    def report(out_dir, trials_df):
+        from mocolab.analysis import fmt_mean_std, line_plot, summarise
+
+        table = summarise(trials_df, "queue.size")
+        lines = [f"{'K':>7} {'trials':>6} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'staleness':>9} "
+                 f"{'status':>10}"]
+        for _, r in table.iterrows():
+            lines.append(f"{int(r['queue.size']):>7} {r.trials:>6} {r.seeds:>5} "
+                         f"{fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
+                         f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {r.max_staleness:>9.0f} {r.status:>10}")
+        if (table["repeats"] > 0).any():
+            lines.append("A search may sample one K twice: repeats of a seed are one measurement (mean over "
+                         "distinct seeds), not more seeds.")
+        ok = table.dropna(subset=["knn_top1_mean"])
+        figure = None
+        if not ok.empty:
+            figure = line_plot(ok, "queue.size", "queue size K (log scale)", "Queue-size ablation",
+                               out_dir / "queue.png")
+        return "\n".join(lines), figure, table
+
+    return run_study(sweep, report)
+
