@@ -49,14 +49,17 @@ def build_config(preset: str = "cpu-quick", overrides: Overrides = None, *,
 
 def train(config: Config | str = "cpu-quick", overrides: Overrides = None, *, tracking_uri: str | None = None,
           in_process: bool = False, measure_init: bool = False, ray_train_info: bool = True,
-          progress: Callable[[str], None] = print) -> TrainOutcome:
+          progress: Callable[[str], None] = print, reuse_other_code: bool = False,
+          continue_across_code: bool = False) -> TrainOutcome:
     """Train one model (or resume it: the same config continues the same run) and return its outcome.
 
     ``config``: a Config (``build_config``) or a preset's name, with ``overrides`` over either. By default it
     runs as ``mocolab train`` does: Ray Train with ``run.num_workers`` workers (0 = this process), logged to
     MLflow (``tracking_uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db), checkpointed, the encoder logged
     as a model (``load_encoder(outcome.mlflow_run_id)``). ``in_process``: the bare loop, without Ray, MLflow or
-    checkpoints (``measure_init`` also scores the encoder before training).
+    checkpoints (``measure_init`` also scores the encoder before training). The same config trained by other
+    code is a new run beside the old one (``reuse_other_code``: report the old one); a run interrupted under
+    other code is refused unless ``continue_across_code`` (training/code_check.py).
     """
     cfg = config if isinstance(config, Config) else build_config(config)
     if overrides:
@@ -72,7 +75,8 @@ def train(config: Config | str = "cpu-quick", overrides: Overrides = None, *, tr
     from mocolab.training import fit
 
     check_addresses(tracking_uri)
-    return fit(cfg, tracking_uri=tracking_uri, ray_train_info=ray_train_info, progress=progress)
+    return fit(cfg, tracking_uri=tracking_uri, ray_train_info=ray_train_info, progress=progress,
+               reuse_other_code=reuse_other_code, continue_across_code=continue_across_code)
 
 
 @dataclass

@@ -19,6 +19,8 @@ LAZY: dict[str, set[str]] = {
     "__init__.py": {"mocolab.api", "mocolab.config.manifest"},  # the version: pyproject's, read on first use
     "tune/__init__.py": {"mocolab.tune.sweep"},  # Ray: the sweep's runner, on first use
     "training/__init__.py": {"mocolab.training.launch"},  # the driver's side (Ray, MLflow): the loop goes without
+    # MLflow's record of an ended run, asked only where a run's folder has none; the CLI reads the flags here
+    "training/code_check.py": {"mocolab.tracking.store"},
     # the API and the command line refuse bad input before torch, Ray, MLflow or the sweep layer loads
     "api.py": {"mocolab.training.trainer", "mocolab.training", "mocolab.tune.grid", "mocolab.tune.spec",
                "mocolab.tune.study", "mocolab.tracking", "mocolab.tracking.logged_models",

@@ -7,7 +7,9 @@ import importlib
 import os
 import sys
 
+from mocolab.config.code_fingerprint import neutral_changes
 from mocolab.config.manifest import mocolab_version
+from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
 from mocolab.evaluation import transfer
 from mocolab.config.addresses import check_addresses
 from mocolab.api import evaluate, sweep, train
@@ -43,7 +45,8 @@ def _train(args: argparse.Namespace) -> int:
     else:
         with closing_on_signals():
             try:
-                out = train(cfg, tracking_uri=args.tracking_uri, ray_train_info=args.verbose)
+                out = train(cfg, tracking_uri=args.tracking_uri, ray_train_info=args.verbose,
+                            reuse_other_code=args.reuse_other_code, continue_across_code=args.continue_across_code)
             except KeyboardInterrupt as err:
                 print(f"interrupted: run '{cfg.run_name}' is marked interrupted in MLflow; the same command "
                       f"resumes it from its latest checkpoint", file=sys.stderr)
@@ -181,7 +184,10 @@ def _sweep(args: argparse.Namespace) -> int:
                 workers_per_trial=a.workers_per_trial, cpus_per_worker=a.cpus_per_worker,
                 gpus_per_worker=a.gpus_per_worker, max_concurrent=a.max_concurrent, tracking_uri=a.tracking_uri,
                 storage=a.storage, stop_after=a.stop_after, register=a.register, register_metric=a.register_metric,
-                verbose=a.verbose, watch_s=a.watch)
+                verbose=a.verbose, watch_s=a.watch, reuse_other_code=a.reuse_other_code,
+                continue_across_code=a.continue_across_code,
+                neutral_changes=tuple(sorted(neutral_changes(a.neutral_code_changes))) if a.neutral_code_changes
+                else ())
     return res.code
 
 
@@ -367,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--verbose", action="store_true",
                     help="also print Ray Train's INFO lines (a checkpoint written, a report sent) and its state-API "
                          "warnings")
+    tr.add_argument(REUSE_FLAG, action="store_true", help=REUSE_HELP)
+    tr.add_argument(CONTINUE_FLAG, action="store_true", help=CONTINUE_HELP)
     tr.set_defaults(func=_train)
     rp = sub.add_parser("report", help="draw an ablation report (PNG + HTML) from an MLflow experiment or sweep")
     rp.add_argument("--experiment", default=None, help="MLflow experiment, e.g. momentum-ablation (with "

@@ -16,11 +16,12 @@ and a run of another format is refused with the way to finish it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Mapping
 
 from mocolab.config import Config, apply_overrides, check_same_config, fingerprint
+from mocolab.config.code_fingerprint import CodeFingerprint, code_fingerprint
 from mocolab.config.storage import Location
 
 
@@ -37,6 +38,7 @@ def mocolab_version() -> str:
 __version__ = mocolab_version()
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"  # in the run's folder, beside its checkpoints
+OUTCOME = "outcome.json"  # ... and, once it has ended, how: what the same command reports without training
 # The last mocolab that writes each older format: the version that can finish such a run.
 WRITTEN_BY = {1: "0.1.0"}
 FORMAT1_RECORD = "config.json"  # what a format-1 run folder holds instead of a manifest
@@ -58,23 +60,34 @@ class RunManifest:
     fingerprint: str
     format: int = FORMAT_VERSION
     mocolab: str = __version__
+    # the code that trains it (config/code_fingerprint.py): empty for a run made before code fingerprints
+    code: Mapping[str, Any] = field(default_factory=dict)
+    # where a run continued across a code change (--continue-across-code): [{"code": digest, "from_step": n}]
+    segments: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
-    def of(cls, cfg: Config) -> "RunManifest":
-        return cls(cfg.run_name, cfg.flatten(), fingerprint(cfg))
+    def of(cls, cfg: Config, code: CodeFingerprint | None = None) -> "RunManifest":
+        code = code or code_fingerprint()
+        return cls(cfg.run_name, cfg.flatten(), fingerprint(cfg), code=code.to_dict())
+
+    @property
+    def code_fingerprint(self) -> CodeFingerprint:
+        return CodeFingerprint.from_dict(self.code)
 
     def to_config(self) -> Config:
         """The Config this manifest was made from; a field it lacks takes its default."""
         return apply_overrides(Config(), self.config)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "config": dict(self.config)}
+        return {**asdict(self), "config": dict(self.config), "code": dict(self.code),
+                "segments": [dict(s) for s in self.segments]}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str) -> "RunManifest":
         try:
             return cls(str(raw["name"]), dict(raw["config"]), str(raw["fingerprint"]), int(raw["format"]),
-                       str(raw.get("mocolab", "")))
+                       str(raw.get("mocolab", "")), dict(raw.get("code") or {}),
+                       tuple(dict(s) for s in raw.get("segments") or ()))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{where}: not a run manifest ({type(err).__name__}: {err})") from None
 
@@ -117,5 +130,14 @@ def write_manifest(run_dir: Location, manifest: RunManifest) -> None:
     run_dir.write_text(MANIFEST, json.dumps(manifest.to_dict(), indent=1))
 
 
-__all__ = ["FORMAT_VERSION", "MANIFEST", "OldRunFormat", "RunManifest", "check_resume", "read_manifest",
-           "refuse_format", "with_defaults", "write_manifest"]
+def read_outcome(run_dir: Location) -> dict[str, Any] | None:
+    """How the run in ``run_dir`` ended (``write_outcome``), or None while it has not."""
+    return json.loads(run_dir.read_text(OUTCOME)) if run_dir.exists(OUTCOME) else None
+
+
+def write_outcome(run_dir: Location, outcome: Mapping[str, Any]) -> None:
+    run_dir.write_text(OUTCOME, json.dumps(dict(outcome), indent=1))
+
+
+__all__ = ["FORMAT_VERSION", "MANIFEST", "OUTCOME", "OldRunFormat", "RunManifest", "check_resume", "read_manifest",
+           "read_outcome", "refuse_format", "with_defaults", "write_manifest", "write_outcome"]

@@ -19,6 +19,7 @@ from mocolab.repro.inputs import check_readme, check_results, check_store
 from mocolab.repro.plan import STUDIES, Study
 
 REPO = Path(__file__).resolve().parents[3]
+NEUTRAL_CHANGES = "results/neutral_code_changes.json"  # code changes declared neutral, each with its reason
 
 
 STORE = "runs.db"
@@ -59,6 +60,9 @@ def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str |
         argv += ["--tracking-uri", tracking_uri]
     if stop_after:
         argv += ["--stop-after", str(stop_after)]
+    # a study of days outlives code changes: its ended trials count whatever code made them (the document
+    # shows which), and an unfinished one continues only across a change the committed list declares neutral
+    argv += ["--reuse-other-code", "--neutral-code-changes", str(REPO / NEUTRAL_CHANGES)]
     say("$ " + " ".join(["python", *script]))
     return call_passing_signals(argv, REPO)
 

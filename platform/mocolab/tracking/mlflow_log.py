@@ -23,7 +23,8 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run
 from mocolab.config.manifest import RunManifest, check_resume
 from mocolab.data.sources import DatasetRecord
 from mocolab.tracking.source import source_tags
-from mocolab.tracking.store import FINGERPRINT_TAG, FORMAT_TAG, PARENT_ID_TAG, RUN_NAME_TAG, VERSION_TAG, Store, _quote
+from mocolab.tracking.store import (CODE_PARAM, CODE_TAG, FINGERPRINT_TAG, FORMAT_TAG, PARENT_ID_TAG, RUN_NAME_TAG,
+                                    SEGMENTS_TAG, STATUS_TAG, VERSION_TAG, Store, _quote)
 
 MAX_BATCH = 1000  # metrics per log_batch call: MLflow's limit
 
@@ -63,12 +64,16 @@ class RunTracker:
             self.run_id = existing.info.run_id
             if existing.info.status != "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
+            code = manifest.code_fingerprint.digest
+            if code and existing.data.tags.get(CODE_TAG) != code:  # continued across a code change (fit allowed it)
+                self.client.set_tag(self.run_id, CODE_TAG, code)
+                self.client.set_tag(self.run_id, SEGMENTS_TAG, segments_text(manifest))
             return self.run_id, True
         given = dict(tags or {})
         # MLflow's source/user tags: computed here unless the driver passed its own (a trial process's
         # argv and working folder are Ray's, not the user's)
         all_tags = {RUN_NAME_TAG: run_name, FORMAT_TAG: str(manifest.format), VERSION_TAG: manifest.mocolab,
-                    FINGERPRINT_TAG: manifest.fingerprint,
+                    FINGERPRINT_TAG: manifest.fingerprint, CODE_TAG: manifest.code_fingerprint.digest,
                     **({} if "mlflow.source.name" in given else source_tags(tracking_uri=self.store.uri)), **given}
         if parent_run_id:
             all_tags[PARENT_ID_TAG] = parent_run_id
@@ -76,6 +81,8 @@ class RunTracker:
         # params: the config less its run's name, which MLflow holds as the run's own name: as a param it
         # differs in every trial and becomes an axis of the compare page's parallel-coordinates plot
         params = {k: v for k, v in manifest.config.items() if k != "run.name"}
+        if manifest.code_fingerprint.digest:
+            params[CODE_PARAM] = manifest.code_fingerprint.digest
         try:
             self.store.log_params(run.info.run_id, params)
             self.store.log_texts(run.info.run_id, {"config.yaml": yaml.safe_dump(_sections(manifest.config),
@@ -90,6 +97,11 @@ class RunTracker:
             raise
         self.run_id = run.info.run_id
         return self.run_id, False
+
+    def finished(self, run_name: str, parent_run_id: str | None = None) -> Run | None:
+        """The run of this name if it has ended (finished or diverged): what the same command reports."""
+        run = self.find(run_name, parent_run_id)
+        return run if run is not None and run.data.tags.get(STATUS_TAG) in ("finished", "diverged") else None
 
     def tag(self, key: str, value: str) -> None:
         assert self.run_id is not None
@@ -108,10 +120,17 @@ class RunTracker:
 
 
 def recorded_manifest(run: Run) -> RunManifest:
-    """The manifest an MLflow run holds: its params, and its tags for the rest."""
+    """The manifest an MLflow run holds: its params (the config; the code's digest apart), and its tags."""
     tags = run.data.tags
-    return RunManifest(tags.get(RUN_NAME_TAG, run.info.run_name), dict(run.data.params),
-                       tags.get(FINGERPRINT_TAG, ""), int(tags.get(FORMAT_TAG, "1")), tags.get(VERSION_TAG, ""))
+    config = {k: v for k, v in run.data.params.items() if k != CODE_PARAM}
+    code = {"digest": tags[CODE_TAG]} if tags.get(CODE_TAG) else {}
+    return RunManifest(tags.get(RUN_NAME_TAG, run.info.run_name), config, tags.get(FINGERPRINT_TAG, ""),
+                       int(tags.get(FORMAT_TAG, "1")), tags.get(VERSION_TAG, ""), code)
+
+
+def segments_text(manifest: RunManifest) -> str:
+    """``digest@step,...``: the code of each segment of a run continued across code changes, first to last."""
+    return ",".join(f"{s.get('code') or 'unknown'}@{s.get('from_step', '?')}" for s in manifest.segments)
 
 
 def _sections(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -30,6 +30,9 @@ RUN_NAME_TAG = "mocolab.run_name"  # a training run's name: how a resumed run fi
 FORMAT_TAG = "mocolab.run_format"
 VERSION_TAG = "mocolab.version"
 FINGERPRINT_TAG = "mocolab.config_fingerprint"
+CODE_TAG = "mocolab.code_fingerprint"  # the code that trained the run (config/code_fingerprint.py); absent: unknown
+CODE_PARAM = "mocolab.code_fingerprint"  # ... also a param, beside the config's: the compare page's column
+SEGMENTS_TAG = "mocolab.code_segments"  # a run continued across code changes: "digest@step,digest@step"
 BASELINES_EXPERIMENT = "baselines"  # mocolab baselines: the random-init encoder and raw pixels, per seed and set
 BASELINE_SET_TAG = "mocolab.baseline_set"
 BASELINE_KIND_TAG = "mocolab.baseline"
@@ -60,7 +63,9 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
         row["commit"] = tags.get("mlflow.source.git.commit", "")[:12]
         row["precision"] = tags.get("mocolab.precision", "")
         row["torch"] = tags.get("mocolab.torch", "")
-        row.update({f"params.{k}": _num(v) for k, v in params.items()})
+        row["code"] = tags.get(CODE_TAG, "")[:8] or "unknown"  # the code that made it (unknown: before fingerprints)
+        row["code_segments"] = tags.get(SEGMENTS_TAG, "")  # a run continued across code changes
+        row.update({f"params.{k}": _num(v) for k, v in params.items() if k != CODE_PARAM})
         row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -211,12 +216,24 @@ class SweepRun:
         return self.store.runs(self.experiment_id, parent_run_id=self.run_id)
 
     def trials(self) -> pd.DataFrame:
-        return trials_frame(self.children())
+        """One row per trial: its latest run (a trial run again by other code supersedes its earlier run,
+        which stays in MLflow)."""
+        latest = {r.data.tags.get("trial"): r for r in self.children()}
+        return trials_frame(latest.values())
 
-    def done_labels(self, statuses: Iterable[str] = ("finished", "diverged")) -> set[str]:
-        """Labels of the trials whose outcome is settled: a resumed sweep does not run them again."""
+    def done_labels(self, statuses: Iterable[str] = ("finished", "diverged"), code: str | None = None) -> set[str]:
+        """Labels of the trials whose outcome is settled: a resumed sweep does not run them again.  With
+        ``code`` (this checkout's code fingerprint) a trial is settled only if its latest run was made by that
+        code, or before fingerprints existed (code unknown: kept, not retrained for lacking one)."""
         wanted = set(statuses)
-        return {r.data.tags.get("trial") for r in self.children() if r.data.tags.get(STATUS_TAG) in wanted}
+        latest = {r.data.tags.get("trial"): r for r in self.children()}  # oldest first: the last one stays
+        return {label for label, r in latest.items() if r.data.tags.get(STATUS_TAG) in wanted
+                and (code is None or r.data.tags.get(CODE_TAG, "") in ("", code))}
+
+    def superseded(self) -> list[str]:
+        """Run ids of trials run again since (a later run of the same label: other code made the earlier)."""
+        latest = {r.data.tags.get("trial"): r.info.run_id for r in self.children()}
+        return [r.info.run_id for r in self.children() if latest[r.data.tags.get("trial")] != r.info.run_id]
 
     def close_running_children(self, status: str, *, mlflow_status: str = "KILLED",
                                reason: str | None = None) -> list[str]:

@@ -11,11 +11,13 @@ is compared with, as is the MLflow run's record, before any work.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 from mocolab.config.addresses import check_ray_address
@@ -24,10 +26,13 @@ from mocolab.config import Config, validate, with_absolute_paths
 from mocolab.data.roots import check_data
 from mocolab.config.hardware import resolve_device
 from mocolab.training.lock import NameLock
-from mocolab.config.manifest import RunManifest, check_resume, read_manifest, write_manifest
+from mocolab.config.code_fingerprint import UNKNOWN, code_fingerprint
+from mocolab.config.manifest import RunManifest, check_resume, read_manifest, write_manifest, write_outcome
 from mocolab.tracking import (RunTracker, TrackingUnreachable, check_tracking_uri, local_store_path, redact_text,
                               redact_uri, resolve_tracking_uri)
-from mocolab.training.checkpoint import local_checkpoints
+from mocolab.training.checkpoint import load_rank_state, local_checkpoints
+from mocolab.training.code_check import (REUSE_FLAG, Ended, continued_segments, describe, ended_run,
+                                         interrupted_by_other_code, other_code_name)
 from mocolab.training.ray_output import quiet_driver_output
 from mocolab.training.resources import check_placement, node_capacities, worker_gpus
 from mocolab.training.session import WorkerArgs, last_metrics
@@ -106,8 +111,16 @@ def ensure_ray(num_cpus: int | None = None, say: Callable[[str], None] = print, 
 def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | None = None,
         tags: dict[str, str] | None = None, display_name: str | None = None, log_to_mlflow: bool = True,
         progress: Callable[[str], None] = print, callbacks: list | None = None,
-        ray_train_info: bool = True, tune_trial: bool = False, tune_metric: str | None = None) -> TrainOutcome:
+        ray_train_info: bool = True, tune_trial: bool = False, tune_metric: str | None = None,
+        reuse_other_code: bool = False, continue_across_code: bool = False,
+        neutral_changes: frozenset[tuple[str, str]] = frozenset()) -> TrainOutcome:
     """Train one model to the end (or resume it) and return its outcome.
+
+    The same command is the same config trained by the same code (training/code_check.py): a run it has
+    ended is reported without training; an ended run of other code stays, and this code trains the config
+    as ``<name>-c<code>`` beside it (``reuse_other_code``: report that run instead); a run interrupted under
+    other code is refused unless ``continue_across_code`` or the change is one of ``neutral_changes`` ((from,
+    to) fingerprints a committed list declares neutral); either records the change as a segment.
 
     ``callbacks`` go to Ray Train's RunConfig: a sweep passes Tune's
     ``TuneReportCallback`` so each epoch's metrics reach the scheduler.
@@ -144,16 +157,67 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     else:  # the loop runs in this process: a device it cannot see is refused before any run exists
         resolve_device(cfg.run.device)
     run_dir = storage.child(name)
-    manifest = RunManifest.of(cfg)
+    code = code_fingerprint()
+    manifest = RunManifest.of(cfg, code)
+    again = dict(tracking_uri=tracking_uri, parent_run_id=parent_run_id, tags=tags, display_name=display_name,
+                 log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks, ray_train_info=ray_train_info,
+                 tune_trial=tune_trial, tune_metric=tune_metric, reuse_other_code=reuse_other_code,
+                 continue_across_code=continue_across_code, neutral_changes=neutral_changes)
     with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
         started = read_manifest(run_dir, name)
+        fresh = f"--set run.name=<a new name>, or remove {run_dir} (and its MLflow run)"
         if started is not None:  # the same name with other settings, or of another run format: refused now
-            check_resume(started, manifest, f"run '{name}' ({run_dir})",
-                         f"--set run.name=<a new name>, or remove {run_dir} (and its MLflow run)")
+            check_resume(started, manifest, f"run '{name}' ({run_dir})", fresh)
+            tracker = RunTracker(uri, cfg.run.experiment) if log_to_mlflow else None
+            ended = ended_run(run_dir, tracker, name, parent_run_id)
+            made_here = started.code_fingerprint.digest == code.digest
+            if ended is not None:
+                ran_here = ended.code == code.digest
+                # a sweep's trial made before fingerprints keeps its result; a run never does silently
+                if ran_here or reuse_other_code or (tune_trial and ended.code == UNKNOWN):
+                    progress(f"run '{name}' has ended ({describe(ended.code)}"
+                             f"{', this checkout' if ran_here else ''}): {ended.result()}; nothing to train "
+                             f"({fresh} trains it again)")
+                    return _reported(ended)
+                new = other_code_name(name, code)
+                progress(f"run '{name}' of this config was made by {describe(ended.code)}, not this checkout's "
+                         f"code {code.short}: {ended.result()}; training it with this code as '{new}' "
+                         f"({REUSE_FLAG} reports that run instead)")
+                return fit(cfg.replace(**{"run.name": new}), **again)
+            if not made_here:
+                declared = (started.code_fingerprint.digest, code.digest) in neutral_changes
+                if not (continue_across_code or declared):
+                    raise interrupted_by_other_code(name, f"run '{name}' ({run_dir})", started, code, fresh)
+                segments = continued_segments(started, code, _checkpoint_step(run_dir))
+                manifest = dataclasses.replace(manifest, segments=segments)
+                write_manifest(run_dir, manifest)
+                progress(f"run '{name}': continuing under this checkout's code {code.short} (was "
+                         f"{describe(started.code_fingerprint.digest)}"
+                         f"{'; a change declared neutral' if declared else ''}), recorded as segment {len(segments)}")
+            else:
+                manifest = dataclasses.replace(manifest, segments=started.segments)
         return _fit_locked(cfg, manifest, uri, run_dir, record=started is None, parent_run_id=parent_run_id,
                            tags=tags, display_name=display_name, log_to_mlflow=log_to_mlflow, progress=progress,
                            callbacks=callbacks, ray_train_info=ray_train_info,
                            tune_local=tune_trial and workers == 0, tune_metric=tune_metric, gpus=gpus)
+
+
+def _reported(ended: Ended) -> TrainOutcome:
+    return TrainOutcome(ended.name, ended.mlflow_run_id, ended.status, ended.linear_top1, ended.knn_top1,
+                        ended.final_loss, ended.steps, True, ended.checkpoint, ended.val_linear_top1,
+                        ended.val_knn_top1)
+
+
+def _checkpoint_step(run_dir: Location) -> int | None:
+    """The step of the run's latest checkpoint in its folder (None where it cannot be read here)."""
+    names = local_checkpoints(run_dir)
+    if not names or run_dir.remote:
+        return None
+    try:
+        state, _ = load_rank_state(Path(run_dir.root) / names[-1], 0, 1)
+    except (OSError, ValueError, KeyError):
+        return None
+    return int(state.get("step", 0))
 
 
 def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location, *, record: bool,
@@ -240,9 +304,14 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
                 f"MLflow: the tracking store at {redact_uri(uri)} did not answer at the end of run '{name}' "
                 f"({type(err).__name__}); the run {status} and its checkpoint keeps it, with the metrics the "
                 f"store missed: run the same command once the store answers to send them and close the run") from err
-    return TrainOutcome(name, run_id, status, m.get("linear_top1"), m.get("knn_top1"),
-                        None if loss is None or (isinstance(loss, float) and math.isnan(loss)) else loss,
-                        int(m.get("steps", 0)), resumed, checkpoint, m.get("val_linear_top1"), m.get("val_knn_top1"))
+    out = TrainOutcome(name, run_id, status, m.get("linear_top1"), m.get("knn_top1"),
+                       None if loss is None or (isinstance(loss, float) and math.isnan(loss)) else loss,
+                       int(m.get("steps", 0)), resumed, checkpoint, m.get("val_linear_top1"), m.get("val_knn_top1"))
+    # how it ended, with the code that made it: the same command reports this instead of training again
+    write_outcome(run_dir, Ended(name, status, run_id, out.linear_top1, out.knn_top1, out.final_loss, out.steps,
+                                 checkpoint, out.val_linear_top1, out.val_knn_top1,
+                                 manifest.code_fingerprint.digest).to_dict())
+    return out
 
 
 def _loop(args: WorkerArgs) -> None:

@@ -86,6 +86,9 @@ class Sweep:
     register_metric: str = "linear_top1"  # ... best by this final metric (max; min for a loss)
     verbose: bool = False  # also print Ray's own output (Tune's tables, workers' logs); always in Ray's log files
     watch_s: int | None = None  # keep <sweep folder>/report/report.html current while trials run, every N s
+    reuse_other_code: bool = False  # a trial's run made by other code is reported, not trained again
+    continue_across_code: bool = False  # a trial interrupted under other code continues, the change recorded
+    neutral_changes: tuple[tuple[str, str], ...] = ()  # (from, to) code fingerprints declared neutral
 
     @functools.cached_property
     def place(self) -> SweepPlace:

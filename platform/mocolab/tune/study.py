@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from mocolab.config import config_file_overrides, list_presets, parse_overrides
 from mocolab.config.flags import check_seeds
 from mocolab.training.interrupts import closing_on_signals, exit_code
+from mocolab.config.code_fingerprint import neutral_changes
+from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
 from mocolab.tune.spec import REGISTER_METRICS, Sweep, Trial, check_sweep  # noqa: F401  (Trial: what studies build)
 
 if TYPE_CHECKING:
@@ -60,6 +62,11 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
     p.add_argument("--verbose", action="store_true",
                    help="also print Ray's own output: Tune's status tables, the workers' and actors' logs "
                         "(always kept in Ray's log files)")
+    p.add_argument(REUSE_FLAG, action="store_true", help=f"for each trial: {REUSE_HELP}")
+    p.add_argument(CONTINUE_FLAG, action="store_true", help=f"for each trial: {CONTINUE_HELP}")
+    p.add_argument("--neutral-code-changes", default=None, metavar="FILE.json",
+                   help="a committed list of code changes declared neutral ([{from, to, reason}]): a trial "
+                        "interrupted under one of them continues across it, the change recorded")
     p.set_defaults(default_name=default_name)
     return p
 
@@ -106,7 +113,10 @@ def make_sweep(args: argparse.Namespace, study: str, description: str, trials: l
                  gpus_per_worker=args.gpus_per_worker, max_concurrent=args.max_concurrent,
                  tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after,
                  register=args.register, register_metric=args.register_metric, verbose=args.verbose,
-                 watch_s=args.watch, **search)
+                 watch_s=args.watch, reuse_other_code=args.reuse_other_code,
+                 continue_across_code=args.continue_across_code,
+                 neutral_changes=tuple(sorted(neutral_changes(args.neutral_code_changes)))
+                 if args.neutral_code_changes else (), **search)
 
 
 def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
@@ -188,6 +198,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
         text += "\nStopped early by the scheduler (a normal outcome of a search): " + ", ".join(
             f"{r.label} after epoch {int(r.stopped_at_epoch)}" if r.stopped_at_epoch == r.stopped_at_epoch
             else str(r.label) for r in stopped.itertuples())
+    text += code_note(trials)
     print(text)
     parent.log_summary(table, trials, figure, text)
     rep = build_report(sweep.study, sweep.place.local / "report", parent_run=parent.run_id,
@@ -229,3 +240,19 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
     print(f"Report: {rep.html}  (also under the parent run's artifacts, report/"
           + (f", and at {published})" if published else ")"))
     return 0 if bad.empty and not missing else 1
+
+
+def code_note(trials: pd.DataFrame) -> str:
+    """A line under a study's table where its trials were made by more than one version of the code (their
+    code fingerprints, and the runs continued across a change): a table pooled over code changes says so."""
+    if "code" not in trials or trials.empty:
+        return ""
+    codes = trials.groupby("code")["label"].apply(list)
+    continued = [str(r.label) for r in trials.itertuples() if getattr(r, "code_segments", "")]
+    if len(codes) < 2 and not continued:
+        return ""
+    parts = [f"code {c}: {', '.join(map(str, labels))}" for c, labels in codes.items()]
+    note = f"\nThese trials come from {len(codes)} version(s) of the code ({'; '.join(parts)})"
+    if continued:
+        note += f"; continued across a code change: {', '.join(continued)}"
+    return note + "."

@@ -26,6 +26,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from mocolab.config import absolute_paths, build_config
 from mocolab.training.lock import NameLock
+from mocolab.config.code_fingerprint import code_fingerprint
 from mocolab.config.storage import is_uri
 from mocolab.tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
                         resolve_tracking_uri, source_tags)
@@ -115,7 +116,8 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
     out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
               tags={SWEEP_TAG: sweep.name, "trial": label, **sweep.source}, display_name=label,
               callbacks=[_report_callback(metric)] if cfg.run.num_workers else None,
-              tune_trial=True, tune_metric=metric, progress=print)
+              tune_trial=True, tune_metric=metric, progress=print, reuse_other_code=sweep.reuse_other_code,
+              continue_across_code=sweep.continue_across_code, neutral_changes=frozenset(sweep.neutral_changes))
     nan = float("nan")
     tune.report({"final": 1.0, "status": out.status, "label": label, "epoch": cfg.optim.epochs,
                  "linear_top1": out.linear_top1 if out.linear_top1 is not None else nan,
@@ -314,7 +316,8 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, 
                                       callbacks=callbacks))
     # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
     # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
-    done = parent.done_labels()
+    # a trial made by other code runs again, unless the sweep reuses whatever code made it
+    done = parent.done_labels(code=None if sweep.reuse_other_code else code_fingerprint().digest)
     remaining = [t for t in sweep.trials if t.label not in done and (only is None or t.label in only)]
     if done and only is None:
         progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")

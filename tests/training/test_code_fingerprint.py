@@ -1,0 +1,208 @@
+"""A result is what its code made it: the same command after a code change never returns the old run as new.
+
+The story as a researcher lives it, in a copy of the package (tests/training/test_code_fingerprint.py edits
+that copy, never the checkout): train a tiny run, edit the method, run the same command; interrupt a run,
+edit, resume; edit what the training process does not import.  Each command is ``mocolab train`` in its own
+interpreter (the fingerprint is taken from the code a process would run), on synthetic data in this
+process (W = 0) with a local MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import thread_share_env
+
+from mocolab.config.code_fingerprint import ENTRY, CodeFingerprint, _closure, _code_digest, code_fingerprint
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--preset", "smoke", "--set", "data.name=synthetic", "--set", "data.subset=512", "--set",
+        "optim.batch_size=64", "--set", "queue.size=256", "--set", "optim.max_steps=4", "--set", "eval.knn_bank=256",
+        "--set", "eval.knn_test=100", "--set", "eval.linear_train=256", "--set", "eval.linear_steps=3", "--set",
+        "run.log_models=false", "--set", "run.system_metrics_s=0"]
+
+
+def test_the_fingerprint_reads_code_not_comments_docstrings_or_layout(tmp_path):
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('"""Doc."""\n\ndef f(x):\n    """What f does."""\n    return x * 2  # double\n')
+    b.write_text('"""Another doc."""\n# a comment\n\ndef f(x):\n    return (x\n            * 2)\n')
+    c.write_text('def f(x):\n    return x * 3\n')
+    assert _code_digest(a) == _code_digest(b) != _code_digest(c)
+
+
+def test_the_training_path_is_the_worker_s_import_closure():
+    names = set(_closure([ENTRY]))
+    for on_path in ("mocolab.training.trainer", "mocolab.method.moco", "mocolab.method.losses", "mocolab.data.augment",
+                    "mocolab.models.backbones", "mocolab.evaluation.probe", "mocolab.config.schema"):
+        assert on_path in names, on_path
+    for off_path in ("mocolab.cli.commands", "mocolab.analysis.report", "mocolab.tune.sweep", "mocolab.repro.document",
+                     "mocolab.evaluation.leaderboard"):
+        assert off_path not in names, off_path
+    fp = code_fingerprint()
+    assert len(fp.digest) == 16 and set(fp.versions) >= {"python", "torch", "kornia"}
+    changed = CodeFingerprint("x", {**fp.modules, "mocolab.method.losses": "0"}, {**fp.versions, "torch": "9"})
+    assert fp.differences(changed) == ["mocolab.method.losses: changed", f"torch 9 -> {fp.versions['torch']}"]
+
+
+def _copy(tmp_path: Path) -> Path:
+    """A copy of the package to edit, beside a folder to run commands in."""
+    shutil.copytree(REPO / "platform" / "mocolab", tmp_path / "platform" / "mocolab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "work").mkdir()
+    return tmp_path
+
+
+def _train(root: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **thread_share_env(), "PYTHONPATH": str(root / "platform"), "PYTHONWARNINGS": "ignore"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "-m", "mocolab", "train", *TINY, *extra], cwd=root / "work", env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _edit(root: Path, module: str, old: str, new: str) -> None:
+    path = root / "platform" / "mocolab" / module
+    text = path.read_text()
+    assert old in text, (module, old)
+    path.write_text(text.replace(old, new, 1))
+
+
+def _runs(root: Path) -> dict[str, dict]:
+    """Each run folder's manifest and outcome."""
+    out = {}
+    for folder in sorted((root / "work" / "runs").iterdir()):
+        out[folder.name] = {"manifest": json.loads((folder / "manifest.json").read_text()),
+                            "outcome": json.loads(o.read_text()) if (o := folder / "outcome.json").exists() else None}
+    return out
+
+
+def _mlflow_runs(root: Path) -> list:
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'work' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("mocolab")
+    return client.search_runs([exp.experiment_id]) if exp else []
+
+
+@pytest.mark.slow
+def test_a_changed_method_trains_a_new_run_beside_the_old_and_an_unrelated_edit_keeps_the_run(tmp_path):
+    root = _copy(tmp_path)
+    first = _train(root)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    [(name, run)] = _runs(root).items()
+    old_code = run["manifest"]["code"]["digest"]
+    assert run["outcome"]["code"] == old_code and run["outcome"]["status"] == "finished"
+
+    # a comment and a module the training process does not import: the same run, reported, nothing trained
+    _edit(root, "method/losses.py", "import torch\n", "import torch  # a comment changes no result\n")
+    _edit(root, "cli/commands.py", "def _train(", "def _unused() -> None:\n    pass\n\n\ndef _train(")
+    same = _train(root)
+    assert same.returncode == 0 and f"run '{name}' has ended (code {old_code[:8]}, this checkout)" in same.stdout
+    assert "nothing to train" in same.stdout and "final kNN and linear probe" not in same.stdout
+    assert list(_runs(root)) == [name]
+
+    # the loss's temperature doubled: a new run beside the old, one line naming both
+    _edit(root, "method/moco.py", "self.m, self.tau = m, tau\n", "self.m, self.tau = m, 2 * tau\n")
+    edited = _train(root)
+    assert edited.returncode == 0, edited.stdout[-3000:] + edited.stderr[-3000:]
+    runs = _runs(root)
+    new = [n for n in runs if n != name]
+    assert len(new) == 1 and new[0].startswith(f"{name}-c")
+    new_code = runs[new[0]]["manifest"]["code"]["digest"]
+    assert new_code != old_code and new[0] == f"{name}-c{new_code[:8]}"
+    assert (f"run '{name}' of this config was made by code {old_code[:8]}, not this checkout's code "
+            f"{new_code[:8]}: finished, linear top-1" in edited.stdout)
+    assert run["outcome"]["mlflow_run_id"] in edited.stdout and "--reuse-other-code" in edited.stdout
+    mlflow_runs = {r.info.run_id: r for r in _mlflow_runs(root)}
+    assert len(mlflow_runs) == 2
+    assert {r.data.tags["mocolab.code_fingerprint"] for r in mlflow_runs.values()} == {old_code, new_code}
+    assert {r.data.params["mocolab.code_fingerprint"] for r in mlflow_runs.values()} == {old_code, new_code}
+    # the old run, asked for: reported as what it is, nothing trained
+    reused = _train(root, "--reuse-other-code")
+    assert reused.returncode == 0 and f"run '{name}' has ended (code {old_code[:8]}): finished" in reused.stdout
+    assert len(_runs(root)) == 2
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_is_refused_across_a_code_change_unless_continued_with_its_segments(tmp_path):
+    root = _copy(tmp_path)
+    crash = ["--set", "run.name=story", "--set", "run.fault_step=3", "--set", "run.max_failures=0",
+             "--set", "run.checkpoint_every=1"]
+    assert _train(root, *crash).returncode != 0  # interrupted at step 3, its checkpoint of step 2 kept
+    started = _runs(root)["story"]["manifest"]["code"]["digest"]
+    assert _runs(root)["story"]["outcome"] is None
+    _edit(root, "method/moco.py", "self.m, self.tau = m, tau\n", "self.m, self.tau = m, 2 * tau\n")
+    refused = _train(root, *crash)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    now = code_of(root)
+    line = refused.stderr.strip().splitlines()[-1]
+    assert (f"run 'story' ({root / 'work' / 'runs' / 'story'}) was started by code {started[:8]} and this "
+            f"checkout's code is {now[:8]} (mocolab.method.moco: changed)") in line
+    assert "--continue-across-code" in line and "--set run.name=<a new name>" in line
+    assert _runs(root)["story"]["outcome"] is None  # nothing written
+
+    continued = _train(root, *crash, "--continue-across-code")
+    assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
+    assert "resuming at step 2" in continued.stdout
+    run = _runs(root)["story"]
+    assert run["manifest"]["segments"] == [{"code": started, "from_step": 0}, {"code": now, "from_step": 2}]
+    assert run["outcome"]["status"] == "finished" and run["outcome"]["code"] == now
+    [mlflow_run] = _mlflow_runs(root)
+    assert mlflow_run.data.tags["mocolab.code_segments"] == f"{started}@0,{now}@2"
+    assert mlflow_run.data.tags["mocolab.code_fingerprint"] == now
+
+
+def code_of(root: Path) -> str:
+    """The code fingerprint of the copy, as a process running it takes it."""
+    out = subprocess.run([sys.executable, "-c", "from mocolab.config.code_fingerprint import code_fingerprint; "
+                          "print(code_fingerprint().digest)"], env={**os.environ, "PYTHONPATH": str(root / "platform")},
+                         capture_output=True, text=True, timeout=120)
+    return out.stdout.strip()
+
+
+def test_a_sweep_reruns_a_trial_whose_run_other_code_made_and_keeps_one_made_before_fingerprints(tmp_path):
+    """Trial by trial, as a grid sweep resumes: settled means its latest run ended and was made by this code
+    (or before fingerprints: code unknown); its table reads each trial's latest run."""
+    import time
+
+    from mocolab.tracking.store import CODE_TAG, PARENT_ID_TAG, STATUS_TAG, Store, SweepRun
+
+    store = Store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = store.experiment_id("sweeps", create=True)
+    parent = SweepRun(store, exp, store.client.create_run(exp).info.run_id, False)
+
+    def child(label: str, status: str, code: str | None) -> str:
+        tags = {"trial": label, STATUS_TAG: status, PARENT_ID_TAG: parent.run_id, **({CODE_TAG: code} if code else {})}
+        run_id = store.client.create_run(exp, tags=tags).info.run_id
+        store.client.set_terminated(run_id)
+        time.sleep(0.01)  # start times order the runs
+        return run_id
+
+    child("m=0.9", "finished", "aaaa")  # this code
+    child("m=0.99", "finished", None)  # before fingerprints: kept
+    child("m=0.999", "finished", "bbbb")  # other code: runs again
+    child("m=0", "finished", "bbbb")
+    latest = child("m=0", "finished", "aaaa")  # ... and ran again by this code
+    assert parent.done_labels(code="aaaa") == {"m=0.9", "m=0.99", "m=0"}
+    assert parent.done_labels() == {"m=0.9", "m=0.99", "m=0.999", "m=0"}
+    table = parent.trials().set_index("label")
+    assert len(table) == 4 and table.loc["m=0", "run_id"] == latest
+    assert table.loc["m=0.99", "code"] == "unknown" and table.loc["m=0.9", "code"] == "aaaa"
+
+
+def test_a_neutral_change_is_declared_with_its_reason(tmp_path):
+    from mocolab.config.code_fingerprint import neutral_changes
+
+    good = tmp_path / "neutral.json"
+    good.write_text(json.dumps([{"from": "a" * 16, "to": "b" * 16, "reason": "a package move, no change of code"}]))
+    assert neutral_changes(good) == {("a" * 16, "b" * 16)}
+    assert neutral_changes(REPO / "results" / "neutral_code_changes.json") is not None  # the committed list reads
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"from": "a" * 16, "to": "b" * 16}]))
+    with pytest.raises(ValueError, match="entry 0 needs 'from' and 'to' .* and a 'reason'"):
+        neutral_changes(bad)

@@ -1,0 +1,68 @@
+"""A sweep after a code change, trial by trial: a trial other code made runs again beside its old run, and an
+edit the training process does not import leaves every trial settled.  The sweep runs from a copy of the
+package (Ray's processes inherit its path), edited between the commands; its trials train in their own
+processes (--workers-per-trial 0) on synthetic data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import thread_share_env
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--set", "data.name=synthetic", "--set", "data.subset=512", "--set", "optim.batch_size=64", "--set",
+        "queue.size=256", "--set", "optim.max_steps=4", "--set", "eval.knn_bank=256", "--set", "eval.knn_test=100",
+        "--set", "eval.linear_train=256", "--set", "eval.linear_steps=3", "--set", "run.log_models=false",
+        "--set", "run.system_metrics_s=0"]
+
+
+def _sweep(root: Path) -> subprocess.CompletedProcess:
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")},
+           **thread_share_env(), "PYTHONPATH": str(root / "platform"), "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "mocolab", "sweep", "--grid", "moco.m=0.99", "--preset", "smoke",
+                           "--name", "code", "--workers-per-trial", "0", "--max-concurrent", "1", *TINY],
+                          cwd=root / "work", env=env, capture_output=True, text=True, timeout=900)
+
+
+def _children(root: Path) -> list:
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'work' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sweeps")
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_again_only_the_trials_other_code_made(tmp_path):
+    shutil.copytree(REPO / "platform" / "mocolab", tmp_path / "platform" / "mocolab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "work").mkdir()
+    first = _sweep(tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    [old] = _children(tmp_path)
+    old_code = old.data.tags["mocolab.code_fingerprint"]
+
+    moco = tmp_path / "platform" / "mocolab" / "method" / "moco.py"
+    moco.write_text(moco.read_text().replace("self.m, self.tau = m, tau\n", "self.m, self.tau = m, 2 * tau\n", 1))
+    again = _sweep(tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "already done" not in again.stdout
+    old, new = _children(tmp_path)
+    assert new.data.tags["trial"] == old.data.tags["trial"] == "moco.m=0.99 seed=0"
+    assert new.data.tags["mocolab.code_fingerprint"] != old_code
+    assert new.data.tags["mocolab.run_name"] == f"{old.data.tags['mocolab.run_name']}-c" \
+                                                f"{new.data.tags['mocolab.code_fingerprint'][:8]}"
+    assert old.data.tags["mocolab.status"] == new.data.tags["mocolab.status"] == "finished"
+
+    report = tmp_path / "platform" / "mocolab" / "analysis" / "report.py"  # not on the training path
+    report.write_text(report.read_text() + "\n\ndef _unused() -> None:\n    pass\n")
+    settled = _sweep(tmp_path)
+    assert settled.returncode == 0, settled.stdout[-3000:] + settled.stderr[-3000:]
+    assert "1 trial(s) already done, 0 to run" in settled.stdout
+    assert len(_children(tmp_path)) == 2
