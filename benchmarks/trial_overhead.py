@@ -46,7 +46,7 @@ def timed(fn):
 def startup_seconds(preset: str, overrides: dict) -> tuple[float, float]:
     """(fresh interpreter import, fit() of one step less that step) for the trial's configuration."""
     t_import = float(subprocess.run([sys.executable, "-c", "import time; t = time.perf_counter(); "
-                                     "import mocolab.train, mocolab.tracking; print(time.perf_counter() - t)"],
+                                     "import mocolab.training, mocolab.tracking; print(time.perf_counter() - t)"],
                                     capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     from mocolab.training import fit
 

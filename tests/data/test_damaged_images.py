@@ -200,3 +200,52 @@ def test_a_run_under_the_bound_logs_the_counts_and_names_to_mlflow(tmp_path, ray
     assert re.fullmatch(rf"3 of 203 training images unreadable{so_far}: train/c000/broken_truncated.jpg, "
                         rf"train/c001/broken_empty.jpg, train/c002/broken_text.jpg; 1 of 51 test images "
                         rf"unreadable{so_far}: val/c001/broken_empty.jpg", tag), tag
+
+
+def test_the_unreadable_files_found_so_far_are_part_of_a_checkpoint():
+    """A stream resumed mid-epoch does not read again what it read before the checkpoint: the names it had
+    found come back with the checkpoint, so its count neither restarts nor counts a file twice."""
+    from mocolab.config import build_config
+    from mocolab.training.trainer import Trainer
+
+    cfg = build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "optim.batch_size": 32,
+                                 "queue.size": 128, "eval.knn_every": 0})
+    first = Trainer(cfg)
+    first.data.unreadable.add("train", ["c000/broken.jpg", "c001/empty.jpg"])
+    state = first.state_dict()
+    resumed = Trainer(cfg)
+    resumed.load_state_dict(state)
+    assert resumed.data.unreadable.count("train") == 2
+    resumed.data.unreadable.add("train", ["c000/broken.jpg"])  # read again after the resume: the same file
+    assert resumed.data.unreadable.count("train") == 2
+    assert resumed.data.unreadable.first("train") == ["c000/broken.jpg", "c001/empty.jpg"]
+
+
+@pytest.mark.slow
+def test_damage_a_ray_worker_finds_ends_the_run_once_without_retries(tmp_path, ray_session):
+    """A user's error found on a Ray Train worker is the same on every attempt: the run ends with its one
+    line, as in this process, and Ray restarts no worker for it (run.max_failures=2 would allow two). The
+    worker ends its loop with the error written to the run's folder, so Ray sees no failure to retry: the
+    error reaches the caller as itself, not as Ray's WorkerGroupError around three tracebacks."""
+    from mlflow.tracking import MlflowClient
+
+    from mocolab.data.sources import DamagedDataError
+    from mocolab.training import fit
+
+    root = _damaged_folder(tmp_path / "set", n=200)
+    cfg = build_config("smoke", {
+        "data.name": "imagefolder", "data.root": str(root), "data.image_size": 24, "data.subset": None,
+        "data.loader": "stream", "data.max_bad_fraction": 0.005, "queue.size": 64, "optim.batch_size": 32,
+        "optim.epochs": 1, "eval.knn_every": 0, "run.num_workers": 1, "run.cpus_per_worker": 1,
+        "run.max_failures": 2, "run.output_dir": str(tmp_path / "runs"), "run.name": "damaged-ray",
+        "run.experiment": "damaged"})
+    uri = mlflow_store(tmp_path)
+    said: list[str] = []
+    with pytest.raises(DamagedDataError, match=r"data.max_bad_fraction: [23] of 203 training images unreadable"):
+        fit(cfg, tracking_uri=uri, progress=said.append)
+    assert not [line for line in said if "restarting" in line]
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("damaged").experiment_id])
+    assert (run.info.status, run.data.tags.get("mocolab.status")) == ("FAILED", "failed")
+    assert run.data.tags["mocolab.failure_reason"].startswith("DamagedDataError: data.max_bad_fraction: ")
+    assert not (tmp_path / "runs" / "damaged-ray" / "final_error.json").exists()  # read once, then gone

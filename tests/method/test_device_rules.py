@@ -380,3 +380,37 @@ def test_the_kuberay_rayjob_s_trials_obey_nccl_s_rules(monkeypatch):
             tr.train_step(images, index, cfg.moco.m)
     assert world.misplaced == [] and sum(world.calls.values()) >= 2, (world.misplaced, world.calls)
     assert syncs.counts["boolean_mask"] == 0
+
+
+def test_split_bn_keeps_the_channels_last_layout_the_next_convolution_reads():
+    from mocolab.method.batchnorm import SplitBatchNorm2d
+
+    bn = SplitBatchNorm2d(8, groups=4)
+    x = torch.randn(16, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    for per_group in (True, False):  # the CPU's kernels per group, and the transposed path GPUs take
+        bn.per_group_kernels = per_group
+        out = bn(x)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        assert torch.allclose(out, bn(x.contiguous()), atol=1e-5)
+
+
+def test_shuffle_bn_sends_images_across_ranks_in_the_encoder_s_dtype():
+    """Under bf16 autocast the encoder's first layer reads bf16 anyway: the cross-rank gather sends that,
+    half the bytes of float32 images; in float32 the images go as they are."""
+    from mocolab.method.moco import MoCo
+    from mocolab.method.shuffle import CrossRankShuffle
+
+    seen = []
+
+    class Recording(CrossRankShuffle):
+        def shuffle(self, x):
+            seen.append(x.dtype)
+            return x, None
+
+        def unshuffle(self, k, restore):
+            return k
+
+    for dtype, sent in ((torch.bfloat16, torch.bfloat16), (None, torch.float32)):
+        model = MoCo(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)), None, shuffler=Recording(), encoder_dtype=dtype)
+        model.compute_keys(torch.randn(2, 3, 2, 2))
+        assert seen[-1] == sent

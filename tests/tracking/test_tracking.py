@@ -133,7 +133,7 @@ def test_an_mlflow_run_holds_the_manifest_and_finished_trials_of_an_older_format
     assert not resumed
     recorded = recorded_manifest(store.client.get_run(run_id))
     assert recorded == RunManifest(manifest.name, {k: str(v) for k, v in manifest.config.items() if k != "run.name"},
-                                   manifest.fingerprint)
+                                   manifest.fingerprint, code={"digest": manifest.code_fingerprint.digest})
     assert tracker.start(manifest, parent_run_id=parent.run_id) == (run_id, True)  # the same run continues
     # two trials as run format 1 left them: params and tags, no format tag; one finished, one stopped midway
     for label, status in (("m=0.99", "finished"), ("m=0", "stopped")):

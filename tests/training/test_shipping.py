@@ -81,7 +81,7 @@ def test_a_node_with_another_torch_is_refused_naming_both_versions(tmp_path):
     (fake / "torch-2.0.0.dist-info").mkdir(parents=True)
     (fake / "torch-2.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.0.0\n")
     code = ("import ray\n"
-            "from mocolab.train import shipping\n"
+            "from mocolab.training import shipping\n"
             f"ray.init(address='local', num_cpus=1, include_dashboard=False, log_to_driver=False,"
             f" runtime_env={{'env_vars': {{'PYTHONPATH': {str(fake)!r}}}}})\n"
             "try:\n    shipping.check_nodes(timeout_s=120)\nexcept ValueError as err:\n    print(err)\n")

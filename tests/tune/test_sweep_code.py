@@ -21,11 +21,11 @@ TINY = ["--set", "data.name=synthetic", "--set", "data.subset=512", "--set", "op
         "--set", "run.system_metrics_s=0"]
 
 
-def _sweep(root: Path) -> subprocess.CompletedProcess:
+def _sweep(root: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")},
            **thread_share_env(), "PYTHONPATH": str(root / "platform"), "PYTHONWARNINGS": "ignore"}
     return subprocess.run([sys.executable, "-m", "mocolab", "sweep", "--grid", "moco.m=0.99", "--preset", "smoke",
-                           "--name", "code", "--workers-per-trial", "0", "--max-concurrent", "1", *TINY],
+                           "--name", "code", "--workers-per-trial", "0", "--max-concurrent", "1", *TINY, *extra],
                           cwd=root / "work", env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -38,18 +38,26 @@ def _children(root: Path) -> list:
     return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
 
 
-@pytest.mark.slow
-def test_a_sweep_runs_again_only_the_trials_other_code_made(tmp_path):
+def _copy(tmp_path: Path) -> None:
     shutil.copytree(REPO / "platform" / "mocolab", tmp_path / "platform" / "mocolab",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "work").mkdir()
+
+
+def _double_the_temperature(root: Path) -> None:
+    moco = root / "platform" / "mocolab" / "method" / "moco.py"
+    moco.write_text(moco.read_text().replace("self.m, self.tau = m, tau\n", "self.m, self.tau = m, 2 * tau\n", 1))
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_again_only_the_trials_other_code_made(tmp_path):
+    _copy(tmp_path)
     first = _sweep(tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     [old] = _children(tmp_path)
     old_code = old.data.tags["mocolab.code_fingerprint"]
 
-    moco = tmp_path / "platform" / "mocolab" / "method" / "moco.py"
-    moco.write_text(moco.read_text().replace("self.m, self.tau = m, tau\n", "self.m, self.tau = m, 2 * tau\n", 1))
+    _double_the_temperature(tmp_path)
     again = _sweep(tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "already done" not in again.stdout
@@ -66,3 +74,24 @@ def test_a_sweep_runs_again_only_the_trials_other_code_made(tmp_path):
     assert settled.returncode == 0, settled.stdout[-3000:] + settled.stderr[-3000:]
     assert "1 trial(s) already done, 0 to run" in settled.stdout
     assert len(_children(tmp_path)) == 2
+
+
+@pytest.mark.slow
+def test_a_sweep_s_interrupted_trial_is_refused_across_a_code_change_unless_continued(tmp_path):
+    _copy(tmp_path)
+    crash = ["--set", "run.fault_step=3", "--set", "run.max_failures=0", "--set", "run.checkpoint_every=1"]
+    assert _sweep(tmp_path, *crash).returncode == 1  # the trial dies at step 3, its step-2 checkpoint kept
+    [run] = _children(tmp_path)
+    started = run.data.tags["mocolab.code_fingerprint"]
+    _double_the_temperature(tmp_path)
+    refused = _sweep(tmp_path, *crash)
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and f"was started by code {started[:8]} and this checkout's code is" in out, out
+    assert "(mocolab.method.moco: changed)" in out and "--continue-across-code" in out
+    assert len(_children(tmp_path)) == 1
+    continued = _sweep(tmp_path, *crash, "--continue-across-code")
+    assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
+    [run] = _children(tmp_path)
+    now = run.data.tags["mocolab.code_fingerprint"]
+    assert now != started and run.data.tags["mocolab.status"] == "finished"
+    assert run.data.tags["mocolab.code_segments"] == f"{started}@0,{now}@2"

@@ -39,6 +39,7 @@ __version__ = mocolab_version()
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"  # in the run's folder, beside its checkpoints
 OUTCOME = "outcome.json"  # ... and, once it has ended, how: what the same command reports without training
+FINAL_ERROR = "final_error.json"  # a worker's user error that ended the run, for the driver to raise once
 # The last mocolab that writes each older format: the version that can finish such a run.
 WRITTEN_BY = {1: "0.1.0"}
 FORMAT1_RECORD = "config.json"  # what a format-1 run folder holds instead of a manifest
@@ -139,5 +140,5 @@ def write_outcome(run_dir: Location, outcome: Mapping[str, Any]) -> None:
     run_dir.write_text(OUTCOME, json.dumps(dict(outcome), indent=1))
 
 
-__all__ = ["FORMAT_VERSION", "MANIFEST", "OUTCOME", "OldRunFormat", "RunManifest", "check_resume", "read_manifest",
-           "read_outcome", "refuse_format", "with_defaults", "write_manifest", "write_outcome"]
+__all__ = ["FINAL_ERROR", "FORMAT_VERSION", "MANIFEST", "OUTCOME", "OldRunFormat", "RunManifest", "check_resume",
+           "read_manifest", "read_outcome", "refuse_format", "with_defaults", "write_manifest", "write_outcome"]

@@ -46,6 +46,10 @@ class DamagedDataError(ValueError):
     """More of a split cannot be decoded than ``data.max_bad_fraction`` allows: the run stops."""
 
 
+# a user's errors a worker may find late: the same on every attempt, so they end the run, never retried
+FINAL_ERRORS = (DamagedDataError,)
+
+
 class UnreadableFiles:
     """The files of each split that could not be decoded, as far as the loader has read: what a run prints,
     logs (``metrics``, ``tags``) and refuses beyond (``check``).
@@ -66,6 +70,16 @@ class UnreadableFiles:
 
     def count(self, split: str) -> int:
         return len(self.names[split])
+
+    def state_dict(self) -> dict[str, list[str]]:
+        """The names found so far, per split: part of a checkpoint, since a stream resumed mid-epoch does not
+        read again what it read before (its count would restart from the files after the checkpoint)."""
+        return {split: sorted(names) for split, names in self.names.items()}
+
+    def load_state_dict(self, state: dict[str, list[str]]) -> None:
+        for split, names in state.items():
+            if split in self.names:
+                self.names[split].update(names)
 
     def first(self, split: str, show: int = 3) -> list[str]:
         return sorted(self.names[split])[:show]

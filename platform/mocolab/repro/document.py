@@ -100,7 +100,28 @@ def _provenance(frame: pd.DataFrame) -> list[str]:
         lines.append(f"- {label}: {', '.join(f'`{v}`' for v in values)}{flag}")
     if (frame["dirty"].astype(str).str.lower() == "true").any():
         lines.append("- some runs were made from a checkout with uncommitted changes (`mocolab.source.git.dirty`)")
+    lines.append(_code_line(frame))
     return lines
+
+
+def _code_line(frame: pd.DataFrame) -> str:
+    """Which code made the runs (their code fingerprints), and where a run continued across a change."""
+    codes = (frame["code"].fillna("").astype(str).replace("nan", "") if "code" in frame
+             else pd.Series("", index=frame.index))
+    trained = ~frame["arm"].astype(str).isin(["random-init", "raw-pixels"])
+    known = sorted({c[:8] for c in codes[trained] if c})
+    unknown = int((codes[trained] == "").sum())
+    parts = [f"`{c}`" for c in known] + ([f"unknown for {unknown} run(s), made before code fingerprints"]
+                                          if unknown else [])
+    line = f"- code fingerprint (the training path's code): {', '.join(parts) or 'none recorded'}"
+    if len(known) > 1:
+        line += " — **runs by several versions of the code**"
+    if "code_segments" in frame:
+        segments = [f"{r.arm} seed {int(r.seed)}: {r.code_segments}" for r in frame.itertuples()
+                    if isinstance(r.code_segments, str) and r.code_segments]
+        if segments:
+            line += "; continued across a code change (segments `code@step`): " + "; ".join(segments)
+    return line
 
 
 def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
@@ -589,10 +610,10 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         if not path.is_file():
             sections.append(not_run(study))
             continue
-        frame = pd.read_csv(path, dtype={"arm": str, "commit": str})
+        frame = pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
         other = results / f"{study.reference_from}.csv"
         if study.reference_from and other.is_file():  # the reference arm, as its own study ran it
-            borrowed = pd.read_csv(other, dtype={"arm": str, "commit": str})
+            borrowed = pd.read_csv(other, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
             frame = pd.concat([frame, borrowed[borrowed["arm"] == study.reference].assign(study=study.name)],
                               ignore_index=True)
         curves = results / HISTORY / f"{study.name}.csv"

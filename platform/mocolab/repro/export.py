@@ -11,13 +11,14 @@ import pandas as pd
 
 from mocolab.tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
 from mocolab.tracking.store import BASELINE_KIND_TAG as KIND_TAG
+from mocolab.tracking.store import CODE_TAG, SEGMENTS_TAG
 from mocolab.tracking.store import BASELINE_SET_TAG as SET_TAG
 from mocolab.tracking.store import BASELINES_EXPERIMENT as BASELINES
 from mocolab.repro.plan import HISTORY, LABEL, Study, word
 
 COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
            "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",
-           "run_id"]
+           "run_id", "code", "code_segments"]
 # the MLflow experiment each study script logs to (its make_sweep's study); the parent run is tagged with --name
 EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation", "queue_ablation.py": "queue-ablation",
                "augmentation_ablation.py": "augmentation-ablation", "negatives_ablation.py": "negatives-ablation",
@@ -73,7 +74,9 @@ def _common(run) -> dict:
     tags = run.data.tags
     return {"commit": tags.get("mlflow.source.git.commit", "")[:12], "dirty": tags.get(DIRTY_TAG, ""),
             "precision": tags.get("mocolab.precision", ""), "torch": tags.get("mocolab.torch", ""),
-            "device": tags.get("mocolab.device", ""), "run_id": run.info.run_id}
+            "device": tags.get("mocolab.device", ""), "run_id": run.info.run_id,
+            # the code that made it (empty: before code fingerprints) and, across a change, its segments
+            "code": tags.get(CODE_TAG, ""), "code_segments": tags.get(SEGMENTS_TAG, "")}
 
 
 def _trial_runs(study: Study, store: Store) -> list[tuple]:
@@ -84,7 +87,9 @@ def _trial_runs(study: Study, store: Store) -> list[tuple]:
     parents = store.client.search_runs([exp_id], f"tags.`{PARENT_TAG}` = '{study.name}'", max_results=1)
     if not parents:
         return []
-    runs = store.runs(exp_id, parent_run_id=parents[0].info.run_id)
+    # each trial's latest run: a trial run again by other code supersedes its earlier run (oldest first here)
+    runs = list({r.data.tags.get("trial", r.info.run_id): r
+                 for r in store.runs(exp_id, parent_run_id=parents[0].info.run_id)}.values())
     return [(run, arm_of(study, t), t) for run, (_, t) in zip(runs, trials_frame(runs).iterrows())]
 
 

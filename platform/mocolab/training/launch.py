@@ -12,6 +12,7 @@ is compared with, as is the MLflow run's record, before any work.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import socket
@@ -27,9 +28,11 @@ from mocolab.data.roots import check_data
 from mocolab.config.hardware import resolve_device
 from mocolab.training.lock import NameLock
 from mocolab.config.code_fingerprint import UNKNOWN, code_fingerprint
-from mocolab.config.manifest import RunManifest, check_resume, read_manifest, write_manifest, write_outcome
+from mocolab.config.manifest import (FINAL_ERROR, RunManifest, check_resume, read_manifest, write_manifest,
+                                     write_outcome)
 from mocolab.tracking import (RunTracker, TrackingUnreachable, check_tracking_uri, local_store_path, redact_text,
                               redact_uri, resolve_tracking_uri)
+from mocolab.data.sources import FINAL_ERRORS, DamagedDataError
 from mocolab.training.checkpoint import load_rank_state, local_checkpoints
 from mocolab.training.code_check import (REUSE_FLAG, Ended, continued_segments, describe, ended_run,
                                          interrupted_by_other_code, other_code_name)
@@ -267,10 +270,15 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
     while True:
         try:
             result = attempt()
+            if workers and run_dir.exists(FINAL_ERROR):  # a worker's user error ended the run: raised here, once
+                found = json.loads(run_dir.read_text(FINAL_ERROR))
+                run_dir.delete(FINAL_ERROR)
+                raise DamagedDataError(found["message"])
             break
         except Exception as err:  # noqa: BLE001 - recorded on the MLflow run, then re-raised
             failures += 1
-            if workers == 0 and failures <= cfg.run.max_failures:  # local mode has no Ray restarts: retry here
+            final = isinstance(err, FINAL_ERRORS)  # the same on every attempt: not retried
+            if workers == 0 and failures <= cfg.run.max_failures and not final:  # local mode: retried here
                 progress(f"run '{name}' failed ({type(err).__name__}: {err}); restarting from its latest "
                          f"checkpoint ({failures}/{cfg.run.max_failures})")
                 continue

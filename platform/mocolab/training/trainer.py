@@ -190,6 +190,7 @@ class Trainer:
             "rng": torch.get_rng_state() if self._in_epoch else self.rng_state,
             "shuffle_rng": shuffle.get_state() if shuffle is not None else None,
             "epoch_stats": asdict(self.epoch_stats),
+            "unreadable": self.data.unreadable.state_dict(),  # what a stream found damaged so far
             # the per-step series went to the logger with their epoch: a checkpoint stays small
             "history": [{**asdict(h), "per_step": {}, "diagnostics": {}} for h in self.history],
         }
@@ -207,6 +208,7 @@ class Trainer:
         if shuffle is not None and state.get("shuffle_rng") is not None:
             shuffle.set_state(state["shuffle_rng"])
         self.epoch_stats = EpochStats(**state["epoch_stats"])  # per_step absent before it existed: empty
+        self.data.unreadable.load_state_dict(state.get("unreadable", {}))  # absent before it was kept
         self.history = [EpochRecord(**h) for h in state["history"]]
 
     # ------------------------------------------------------------------ training

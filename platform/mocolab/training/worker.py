@@ -9,6 +9,7 @@ a ``WorkerArgs`` (session.py): this attempt's manifest, the run's folder and the
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import resource
@@ -23,9 +24,9 @@ from mocolab.config import Config
 from mocolab.data.sets import DEFAULT_IMAGEFOLDER_SIZE
 from mocolab.models.exported import FeatureExtractor, ProbeClassifier
 from mocolab.config.hardware import provenance
-from mocolab.data.sources import TrainSource, choose_loader
+from mocolab.data.sources import FINAL_ERRORS, TrainSource, choose_loader
 from mocolab.training.trainer import EpochRecord, Trainer, run_training
-from mocolab.config.manifest import RunManifest, check_resume
+from mocolab.config.manifest import FINAL_ERROR, RunManifest, check_resume
 from mocolab.tracking import MetricsLogger
 from mocolab.tracking.logged_models import CLASSIFIER, ENCODER, log_models
 from mocolab.tracking.system import node_labels, start_monitor, stop_monitor
@@ -149,6 +150,16 @@ def open_source(cfg: Config, say=None) -> TrainSource | None:
 
 def train_loop_per_worker(args: WorkerArgs) -> None:
     cfg = args.config()
+    if cfg.run.num_workers == 0:  # in the calling process: the driver's own handler ends the run with the error
+        return _loop(args, cfg)
+    try:
+        return _loop(args, cfg)
+    except FINAL_ERRORS as err:  # a user's error, the same on every attempt: the run's end, not Ray's to retry
+        Location(args.run_dir).write_text(FINAL_ERROR, json.dumps({"type": type(err).__name__, "message": str(err)}))
+        print(f"{type(err).__name__}: {err}")  # ending normally: Ray restarts no worker for it
+
+
+def _loop(args: WorkerArgs, cfg: Config) -> None:
     if not args.ray_train_info:  # `mocolab train` without --verbose: Ray Train's INFO
         logging.getLogger("ray.train").setLevel(logging.WARNING)  # lines per report are dropped
     # Metric logging is best-effort (tracking.MetricsLogger buffers what a dead server refuses): fail a
