@@ -11,7 +11,7 @@ import pandas as pd
 
 from mocolab.tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
 from mocolab.tracking.store import BASELINE_KIND_TAG as KIND_TAG
-from mocolab.tracking.store import CODE_TAG, SEGMENTS_TAG
+from mocolab.tracking.store import CODE_TAG, SEGMENTS_TAG, latest_trial_runs
 from mocolab.tracking.store import BASELINE_SET_TAG as SET_TAG
 from mocolab.tracking.store import BASELINES_EXPERIMENT as BASELINES
 from mocolab.repro.plan import HISTORY, LABEL, Study, word
@@ -87,9 +87,7 @@ def _trial_runs(study: Study, store: Store) -> list[tuple]:
     parents = store.client.search_runs([exp_id], f"tags.`{PARENT_TAG}` = '{study.name}'", max_results=1)
     if not parents:
         return []
-    # each trial's latest run: a trial run again by other code supersedes its earlier run (oldest first here)
-    runs = list({r.data.tags.get("trial", r.info.run_id): r
-                 for r in store.runs(exp_id, parent_run_id=parents[0].info.run_id)}.values())
+    runs = latest_trial_runs(store.runs(exp_id, parent_run_id=parents[0].info.run_id))
     return [(run, arm_of(study, t), t) for run, (_, t) in zip(runs, trials_frame(runs).iterrows())]
 
 

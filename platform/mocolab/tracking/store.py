@@ -71,6 +71,12 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def latest_trial_runs(runs: Iterable[Run]) -> list[Run]:
+    """Each trial's latest run, of a sweep's runs oldest first: a trial run again (by other code) supersedes
+    its earlier run, which stays in MLflow.  A run without a trial label stands for itself."""
+    return list({r.data.tags.get("trial") or r.info.run_id: r for r in runs}.values())
+
+
 def training_data(run: Run) -> str:
     """``name@digest`` of the data a run trained on (its MLflow dataset inputs of context training), or ''."""
     inputs = run.inputs.dataset_inputs if run.inputs is not None else []
@@ -218,22 +224,16 @@ class SweepRun:
     def trials(self) -> pd.DataFrame:
         """One row per trial: its latest run (a trial run again by other code supersedes its earlier run,
         which stays in MLflow)."""
-        latest = {r.data.tags.get("trial"): r for r in self.children()}
-        return trials_frame(latest.values())
+        return trials_frame(latest_trial_runs(self.children()))
 
     def done_labels(self, statuses: Iterable[str] = ("finished", "diverged"), code: str | None = None) -> set[str]:
         """Labels of the trials whose outcome is settled: a resumed sweep does not run them again.  With
         ``code`` (this checkout's code fingerprint) a trial is settled only if its latest run was made by that
         code, or before fingerprints existed (code unknown: kept, not retrained for lacking one)."""
         wanted = set(statuses)
-        latest = {r.data.tags.get("trial"): r for r in self.children()}  # oldest first: the last one stays
-        return {label for label, r in latest.items() if r.data.tags.get(STATUS_TAG) in wanted
+        return {r.data.tags.get("trial") for r in latest_trial_runs(self.children())
+                if r.data.tags.get(STATUS_TAG) in wanted
                 and (code is None or r.data.tags.get(CODE_TAG, "") in ("", code))}
-
-    def superseded(self) -> list[str]:
-        """Run ids of trials run again since (a later run of the same label: other code made the earlier)."""
-        latest = {r.data.tags.get("trial"): r.info.run_id for r in self.children()}
-        return [r.info.run_id for r in self.children() if latest[r.data.tags.get("trial")] != r.info.run_id]
 
     def close_running_children(self, status: str, *, mlflow_status: str = "KILLED",
                                reason: str | None = None) -> list[str]:

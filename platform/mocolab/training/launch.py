@@ -169,9 +169,10 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     with NameLock(run_dir.lock_folder(), f"run '{name}'", say=progress):
         started = read_manifest(run_dir, name)
         fresh = f"--set run.name=<a new name>, or remove {run_dir} (and its MLflow run)"
+        tracker = None
         if started is not None:  # the same name with other settings, or of another run format: refused now
             check_resume(started, manifest, f"run '{name}' ({run_dir})", fresh)
-            tracker = RunTracker(uri, cfg.run.experiment) if log_to_mlflow else None
+            tracker = RunTracker(uri, cfg.run.experiment) if log_to_mlflow else None  # _fit_locked's too
             ended = ended_run(run_dir, tracker, name, parent_run_id)
             made_here = started.code_fingerprint.digest == code.digest
             if ended is not None:
@@ -202,7 +203,8 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
         return _fit_locked(cfg, manifest, uri, run_dir, record=started is None, parent_run_id=parent_run_id,
                            tags=tags, display_name=display_name, log_to_mlflow=log_to_mlflow, progress=progress,
                            callbacks=callbacks, ray_train_info=ray_train_info,
-                           tune_local=tune_trial and workers == 0, tune_metric=tune_metric, gpus=gpus)
+                           tune_local=tune_trial and workers == 0, tune_metric=tune_metric, gpus=gpus,
+                           tracker=tracker)
 
 
 def _reported(ended: Ended) -> TrainOutcome:
@@ -227,7 +229,8 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
                 parent_run_id: str | None, tags: dict[str, str] | None, display_name: str | None,
                 log_to_mlflow: bool, progress: Callable[[str], None], callbacks: list | None,
                 ray_train_info: bool = True, tune_local: bool = False,
-                tune_metric: str | None = None, gpus: float = 0.0) -> TrainOutcome:
+                tune_metric: str | None = None, gpus: float = 0.0,
+                tracker: RunTracker | None = None) -> TrainOutcome:
     """``record``: the folder holds no manifest yet; it is written once MLflow has accepted the run too,
     so a run refused there leaves no folder behind that claims it.  ``gpus``: each worker's, as
     ``worker_gpus`` resolved ``run.device``."""
@@ -235,10 +238,9 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    tracker: RunTracker | None = None
     run_id, resumed = None, False
     if log_to_mlflow:
-        tracker = RunTracker(uri, cfg.run.experiment)
+        tracker = tracker or RunTracker(uri, cfg.run.experiment)
         run_tags = {"preset": cfg.run.preset, CHECKPOINT_DIR_TAG: run_dir.location, **(tags or {})}
         run_id, resumed = tracker.start(manifest, tags=run_tags, parent_run_id=parent_run_id,
                                         display_name=display_name)
