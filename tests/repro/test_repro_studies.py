@@ -8,6 +8,7 @@ import statistics
 
 import matplotlib.pyplot as plt
 import pandas as pd
+import pytest
 
 from mocolab.analysis.stats import holm, paired
 from mocolab.repro.document import _pretext_curves, not_run, study_family, study_section, write
@@ -162,3 +163,25 @@ def test_a_study_set_against_another_studys_arm_reads_that_arm_from_its_csv_and_
     assert "| memory_bank − queue fifo m=0.999 | linear | 3 | -2.35 [" in section
     claim = next(line for line in section.splitlines() if line.startswith("- *the memory bank is below"))
     assert "**reproduced**" in claim and "3 seeds" in claim
+
+
+def test_the_queue_study_at_cpu_full_runs_its_four_sizes_as_a_grid_and_bad_sizes_are_refused_by_the_configs_rule():
+    import argparse
+
+    from mocolab.tune.studies.queue import chosen_sizes
+
+    q = study("queue-cpu-full")
+    line = q.command("bf16", 1)
+    assert q.preset == "cpu-full" and q.seeds == 5 and q.reference == "16384"
+    assert line[line.index("--sizes") + 1] == "256,1024,4096,16384" and "--grid" in line
+
+    def args(sizes, grid=True):
+        return argparse.Namespace(preset="cpu-full", sizes=sizes, grid=grid)
+
+    assert chosen_sizes(args("256, 4096"), {}) == [256, 4096]
+    for bad, said in [("256,1000", "multiple of the global batch"), ("256,x", "'x' is not a whole number"),
+                      (",", "at least one"), ("65536", "below the training-set size")]:
+        with pytest.raises(ValueError, match=said):
+            chosen_sizes(args(bad), {})
+    with pytest.raises(ValueError, match="give --grid too"):
+        chosen_sizes(args("256", grid=False), {})

@@ -78,6 +78,7 @@ MOMENTA = (0.0, 0.9, 0.99, 0.999, 0.9999)
 # Every K that mocolab.tune.studies.queue.queue_sizes gives for cpu-quick (powers of two times the batch of 256, up
 # to half the 60,000 training images): log-spaced from 256 to 16,384, the preset's own K and the largest valid.
 QUEUE_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
+QUEUE_SIZES_FULL = (256, 1024, 4096, 16384)
 BN_MODES = ("plain", "groups", "split")
 # on two ranks the cross-rank shuffle of the paper joins them (augmentation_ablation.py adds it from W = 2)
 BN_MODES_RANKS = ("plain", "groups", "split", "shuffle")
@@ -94,6 +95,10 @@ STUDIES: tuple[Study, ...] = (
           "Momentum of the key encoder, cpu-full budget"),
     Study("queue-cpu-quick", "queue_ablation.py", "cpu-quick", "queue.size", QUEUE_SIZES, 3, None,
           "Queue size K, cpu-quick budget", extra=("--grid",), reference="16384"),
+    # K at the budget where learning is plain (cpu-full), five seeds: cpu-quick's three seeds could not tell
+    # an effect of a few points, which is all there is to learn here
+    Study("queue-cpu-full", "queue_ablation.py", "cpu-full", "queue.size", QUEUE_SIZES_FULL, 5, "--sizes",
+          "Queue size K, cpu-full budget", extra=("--grid",), reference="16384"),
     Study("bn-cpu-quick", "augmentation_ablation.py", "cpu-quick", "moco.bn", BN_MODES, 3, None,
           "Batch norm: the cheating that shuffling BN prevents, cpu-quick budget", extra=("--what", "bn"),
           reference="split"),

@@ -2,6 +2,7 @@
 
     python experiments/queue_ablation.py --preset cpu-quick --samples 6        # Optuna search + ASHA
     python experiments/queue_ablation.py --preset cpu-quick --grid --seeds 2    # every K
+    python experiments/queue_ablation.py --preset cpu-full --grid --sizes 256,4096 --seeds 5   # chosen K
     mocolab study queue --preset smoke                      # the same, from an installed mocolab
 """
 
@@ -23,10 +24,34 @@ def queue_sizes(preset: str, overrides: dict) -> list[int]:
     return [b * 2 ** i for i in range(0, 20) if b * 2 ** i <= n // 2]
 
 
+def chosen_sizes(args: argparse.Namespace, overrides: dict) -> list[int]:
+    """``--sizes`` (with ``--grid``), each checked by the config's own rules, else every K of ``queue_sizes``."""
+    if args.sizes is None:
+        return queue_sizes(args.preset, overrides)
+    if not args.grid:
+        raise ValueError("--sizes: a grid's list; give --grid too (a search samples K itself)")
+    sizes = []
+    for word in (w.strip() for w in args.sizes.split(",")):
+        if not word:
+            continue
+        try:
+            sizes.append(int(word))
+        except ValueError:
+            raise ValueError(f"--sizes: {word!r} is not a whole number (comma-separated queue sizes K)") from None
+    if not sizes:
+        raise ValueError("--sizes: give at least one queue size K")
+    for k in sizes:  # queue.size's own range, divisibility by the batch and bound by the training set
+        check_data(build_config(args.preset, {**overrides, "queue.size": k}))
+    return sizes
+
+
 def parser() -> argparse.ArgumentParser:
     """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
     p = study_parser(__doc__.splitlines()[0], "queue")
     p.add_argument("--grid", action="store_true", help="every queue size instead of a search")
+    p.add_argument("--sizes", default=None, metavar="K,K,...",
+                   help="the grid's queue sizes, comma-separated (default: every power of two times the global "
+                        "batch up to half the training set); each is checked as queue.size is")
     p.add_argument("--samples", type=int, default=6, help="search mode: trials Optuna samples (default 6)")
     return p
 
@@ -37,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides = overrides_of(args)  # --config's and --set's
         if not args.grid:  # a search selects by the validation split's kNN: hold one out
             overrides = with_validation_split(args.preset, overrides)
-        seeds, sizes = seeds_of(args), queue_sizes(args.preset, overrides)
+        seeds, sizes = seeds_of(args), chosen_sizes(args, overrides)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.grid:
-        trials = [Trial(f"K={k} seed={s}", {"queue.size": k, "run.seed": s}) for k in sizes for s in seeds]
+        # seed by seed: a study stopped part way has whole seeds, which pair across K
+        trials = [Trial(f"K={k} seed={s}", {"queue.size": k, "run.seed": s}) for s in seeds for k in sizes]
         sweep = make_sweep(args, "queue-ablation", f"queue size grid K in {sizes}, seeds {seeds}", trials)
     else:
         sweep = make_sweep(args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on the kNN top-1 "
