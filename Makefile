@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e .
 	@touch $@
 
-$(TEST_STAMP): $(STAMP) pyproject.toml
+$(TEST_STAMP): $(STAMP) pyproject.toml examples/plugins/mocolab-byol/pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,cluster]'
+	$(PY) -m pip install -q -e examples/plugins/mocolab-byol  # a method plugin: tests/method/test_plugins.py
 	@touch $@
 
 # Fashion-MNIST: the Debian package where apt-get works and we are root,

@@ -70,6 +70,39 @@ def test_report_from_a_real_store(tmp_path, store):
     client = MlflowClient(uri)
     logged = {a.path for a in client.list_artifacts(parent, "report")}
     assert logged == {"report/report.html", "report/momentum.png", "report/curves.png"}
+    assert "bands: the random-init encoder" not in page  # no baselines logged for this sweep yet
+
+
+def test_a_sweeps_momentum_plot_shows_the_baselines_its_study_logged(tmp_path, store, monkeypatch):
+    """The report's momentum plot draws the random-init encoder and raw pixels the study logged under the
+    sweep's name (``mocolab baselines``' set), as the study's own plot does; another set's are not this sweep's."""
+    from mocolab.analysis import momentum_plots
+    from mocolab.repro.baseline_runs import KIND_TAG, SET_TAG
+    from mocolab.tracking import Store
+
+    uri, parent = store
+    client, st = MlflowClient(uri), Store(uri)
+    exp = st.experiment_id("baselines", create=True)
+    for name, kind, seed, linear in (("sweep", "random-init", 0, 0.80), ("sweep", "random-init", 1, 0.82),
+                                     ("sweep", "raw-pixels", 0, 0.78), ("other", "random-init", 0, 0.10)):
+        run = client.create_run(exp, tags={KIND_TAG: kind, SET_TAG: name, "mocolab.status": "finished"})
+        st.log_params(run.info.run_id, build_config("smoke", {"run.seed": seed}).flatten())
+        client.log_metric(run.info.run_id, "linear_top1", linear)
+        client.log_metric(run.info.run_id, "knn_top1", linear - 0.1)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    drawn = {}
+    keep = momentum_plots.save_figure
+
+    def save(fig, path):
+        drawn[path.name] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        return keep(fig, path)
+
+    monkeypatch.setattr(momentum_plots, "save_figure", save)
+    rep = build_report("momentum-ablation", tmp_path / "out", parent_run=parent, tracking_uri=uri)
+    assert "bands: the random-init encoder of the same seeds, 95 % interval; dashed: raw pixels" in rep.html.read_text()
+    assert {"random-init encoder, linear (95 % CI, 2 seeds)", "raw pixels, linear probe"} <= set(drawn["momentum.png"])
+    build_report("momentum-ablation", tmp_path / "all", tracking_uri=uri)  # the whole experiment: no one sweep's set
+    assert not [label for label in drawn["momentum.png"] if "random-init" in label or "pixels" in label]
 
 
 def test_single_seed_and_whole_experiment(tmp_path):

@@ -143,3 +143,58 @@ def test_study_help_lists_the_studies_and_what_each_is(capsys):
         assert name in out and first[:40] in " ".join(out.split()), (name, out)
     assert "mocolab study NAME --help" in out
 
+
+
+# A grid with no validation split held out (data.val_size 0), and the same with one, on data that needs no files.
+NO_VAL = ["--preset", "smoke", "--set", "data.name=synthetic", "--register", "best"]
+WITH_VAL = [*NO_VAL, "--set", "data.val_size=64"]
+
+
+def _study_sweep(argv: list[str]):
+    from mocolab.tune import Trial
+    from mocolab.tune.study import make_sweep
+
+    args = importlib.import_module("mocolab.tune.studies.momentum").parser().parse_args(argv)
+    return make_sweep(args, "momentum-ablation", "test", [Trial("m=0.9 seed=0", {"moco.m": 0.9, "run.seed": 0})])
+
+
+def test_register_ranks_by_a_validation_metric_unless_told():
+    """--register picks the best trial by the validation split's linear probe; where the sweep holds none out it
+    is refused at the door, naming the flag and the two ways on (hold one out, or rank by the test split)."""
+    from mocolab.tune.spec import check_sweep, register_warning
+
+    assert sweep_parser().parse_args(["--grid", "moco.m=0.9"]).register_metric == "val_linear_top1"
+    for name in STUDIES:
+        assert importlib.import_module(f"mocolab.tune.studies.{name}").parser().parse_args([]).register_metric == \
+            "val_linear_top1"
+    with pytest.raises(ValueError, match=r"^--register-metric: val_linear_top1 \(the default\) ranks the trials on "
+                                         r"a validation split, and data.val_size is 0.*--set data.val_size=N.*"
+                                         r"--register-metric linear_top1"):
+        check_sweep(_study_sweep(NO_VAL))
+    with pytest.raises(ValueError, match=r"^--register-metric: val_knn_top1 ranks"):
+        check_sweep(_study_sweep([*NO_VAL, "--register-metric", "val_knn_top1"]))
+    for argv in (WITH_VAL, NO_VAL[:-2], [*NO_VAL, "--register-metric", "final_loss"]):  # held out; no --register
+        check_sweep(_study_sweep(argv))
+        assert register_warning(_study_sweep(argv)) == ""
+
+
+@pytest.mark.parametrize("metric", ["linear_top1", "knn_top1"])
+def test_registering_by_a_test_metric_says_it_is_selection_on_the_test_split(metric):
+    from mocolab.tune.spec import check_sweep, register_warning
+
+    sweep = _study_sweep([*NO_VAL, "--register-metric", metric])
+    check_sweep(sweep)  # the user's choice: taken, with the warning
+    warning = register_warning(sweep)
+    assert warning.startswith(f"warning: --register-metric {metric} picks the best trial by its test-split score: "
+                              f"that is model selection on the test split, so the registered model's {metric} is "
+                              f"optimistic and not a held-out result"), warning
+    assert register_warning(_study_sweep([*NO_VAL[:-2], "--register-metric", metric])) == ""  # nothing registered
+
+
+def test_mocolab_sweep_refuses_to_register_without_a_validation_split(capsys, monkeypatch):
+    import mocolab.tune.study
+
+    monkeypatch.setattr(mocolab.tune.study, "run_study", lambda *a, **k: pytest.fail("the sweep started"))
+    assert main(["sweep", "--grid", "moco.m=0.9,0.99", *NO_VAL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mocolab: error: --register-metric: val_linear_top1 (the default)")

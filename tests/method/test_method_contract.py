@@ -1,7 +1,9 @@
 """The contract of a method (method/protocol.py), checked on every registered one: what a new method must pass.
 
 Each method is built by ``build_method`` from the smoke preset on tiny synthetic images (a 4-wide convnet,
-16 px, a batch of 8), as the Trainer builds it, and driven by hand.
+16 px, a batch of 8), as the Trainer builds it, and driven by hand: the four built-ins, and every plugin
+installed in this environment (entry point group ``mocolab.methods``; the suite installs
+examples/plugins/mocolab-byol), named by ``method.name``.
 """
 
 from __future__ import annotations
@@ -16,16 +18,21 @@ from mocolab.config.choices import NEGATIVE_SOURCES, VERSIONS
 from mocolab.config import build_config
 from mocolab.training.build import encoder_factory
 from mocolab.method.protocol import MethodParts
+from mocolab.method.plugins import installed
 from mocolab.method.registry import METHODS, build_method, method_name
 
 B, SIZE, CHANNELS = 8, 16, 1
 TINY = {"data.name": "synthetic", "data.synthetic_size": 64, "data.image_size": SIZE, "model.width": 4,
         "model.dim": 16, "queue.size": 32, "optim.batch_size": B}
+PLUGINS = sorted(installed())
+ALL = sorted(METHODS) + PLUGINS  # the built-ins, then the installed plugins
 
 
 def _config(name: str):
-    """The config that asks for method ``name``: a version of its own (v3), else a source of negatives."""
-    return build_config("smoke", {**TINY, ("moco.version" if name in VERSIONS else "moco.negatives"): name})
+    """The config that asks for method ``name``: a plugin's name, a version of its own (v3), else a source of
+    negatives."""
+    key = "method.name" if name in PLUGINS else "moco.version" if name in VERSIONS else "moco.negatives"
+    return build_config("smoke", {**TINY, key: name})
 
 
 def _build(name: str, seed: int = 0):
@@ -54,7 +61,13 @@ def test_every_version_and_source_of_negatives_the_config_accepts_names_a_method
     assert reached == set(METHODS)  # and every registered method is reachable from a config
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+def test_the_suite_checks_a_plugin_too():
+    """make setup-test installs the example plugin: without it the contract below would cover built-ins only."""
+    assert "byol" in PLUGINS
+    assert method_name(_config("byol")) == "byol"
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_a_forward_gives_a_finite_loss_whose_gradient_reaches_the_encoder_only(name):
     method = _build(name).train()
     if method.key_encoder is not None:
@@ -71,13 +84,13 @@ def test_a_forward_gives_a_finite_loss_whose_gradient_reaches_the_encoder_only(n
     assert math.isfinite(method.uniform_loss(B)) and method.uniform_loss(B) > 0
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ALL)
 def test_describe_is_one_line(name):
     text = _build(name).describe(B)
     assert text.strip() and "\n" not in text
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ALL)
 def test_the_key_encoder_and_the_dictionary_are_there_exactly_when_the_method_has_them(name):
     method = _build(name)
     parts = method.checkpoint_parts()
@@ -105,7 +118,7 @@ def test_the_four_methods_hold_what_their_papers_give_them():
                    "in_batch": (False, False)}
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ALL)
 def test_a_state_dict_restores_the_same_loss_in_a_fresh_instance(name):
     a = _build(name, seed=0).train()
     a(*_batch(1))  # a step: the queue or bank written, f_k moved, the counter advanced

@@ -29,7 +29,7 @@ def _written(tmp_path: Path) -> list[str]:
         tmp_path / "results"))
 
 
-@pytest.mark.parametrize("file, column", [("momentum-cpu-quick.csv", "arm"),
+@pytest.mark.parametrize("file, column", [("momentum-cpu-full.csv", "arm"),
                                           ("history/momentum-cpu-full.csv", "metric")])
 def test_a_results_file_without_its_columns_is_named_with_them(tmp_path, monkeypatch, capsys, file, column):
     results = tmp_path / "results"

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from mocolab.analysis.stats import holm, paired
-from mocolab.repro.document import _pretext_curves, not_run, study_family, study_section, write
+from mocolab.repro.document import _pretext_curves, not_run, study_section, write
+from mocolab.repro.judging import judge_study
 from mocolab.repro.export import EXPERIMENTS, _order, arm_of
 from mocolab.repro.plan import STUDIES, study
 
@@ -94,20 +95,23 @@ def test_the_generic_section_tables_every_arm_beside_the_baselines_and_holm_corr
     mean, sd = 100 * statistics.mean(arms["split"]), 100 * statistics.stdev(arms["split"])
     assert f"| split (reference) | 3 | {mean:.2f} ± {sd:.2f} [" in text
     assert "| random-init | 3 | " in text and "| raw-pixels | 1 | 83.00 (1 seed) | — |" in text
-    # the family: plain and groups against split on linear, kNN and pretext; every arm against random-init
-    family = study_family(s, frame)
-    assert len(family) == 3 * 2 + 3 and "Holm-corrected as one family of the 9 with two or more" in text
-    assert [m for m, _ in family] == ["linear_top1"] * 2 + ["knn_top1"] * 2 + ["pretext_acc"] * 2 + ["linear_top1"] * 3
+    # one family per claim: unshuffled below shuffled on linear top-1, unshuffled above it on pretext accuracy;
+    # the baseline checks (every arm against its random-init start) a family of their own
+    _, judged, baselines, _ = judge_study(s, frame, s.steps())
     by = lambda arm, metric: {i: v for i, v in enumerate(frame[frame["arm"] == arm][metric])}  # noqa: E731
-    expected = holm([paired(by(a, m), by("split", m), (a, "split")) for m in ("linear_top1", "knn_top1", "pretext_acc")
-                     for a in ("plain", "groups")]
-                    + [paired(by(a, "linear_top1"), by("random-init", "linear_top1"), (a, "random-init"))
-                       for a in ("plain", "groups", "split")])
-    assert [c.p_holm for _, c in family] == [c.p_holm for c in expected]
-    assert all(c.p_holm >= c.p for _, c in family)
-    assert "| plain − split | pretext | 3 |" in text and "| groups − split | linear | 3 |" in text
-    claim = next(line for line in text.splitlines() if line.startswith("- *one BN over the whole batch"))
-    assert "**reproduced**" in claim and "Holm p" in claim
+    worse, cheats = judged
+    assert [pair for pair, _ in worse[1]] == [("split", "plain"), ("split", "groups")]
+    assert [c.metric for c, _ in judged] == ["linear_top1", "pretext_acc"]
+    expected = holm([paired(by(a, "linear_top1"), by(b, "linear_top1"), (a, b)) for a, b in (("split", "plain"),
+                                                                                           ("split", "groups"))])
+    assert [j.comparison.p_holm for _, j in worse[1]] == [c.p_holm for c in expected]
+    assert [pair for pair, _ in cheats[1]] == [("plain", "split"), ("groups", "split")]
+    assert [pair for pair, _ in baselines[0][1]] == [(a, "random-init") for a in ("plain", "groups", "split")]
+    assert all(j.family_size == 3 for _, j in baselines[0][1])
+    assert "| split > plain (linear top-1) | unshuffled batch norm is worse than shuffled (of 2) | 3 |" in text
+    assert "| plain > split (pretext accuracy) |" in text
+    claim = next(line for line in text.splitlines() if line.startswith("- *unshuffled batch norm is worse"))
+    assert "`split` > `plain`: **reproduced**" in claim and "one Holm family of 2" in claim
     assert "The paper gives no accuracy for the unshuffled model." in text
     # with the trials' curves, the second panel is pretext accuracy over training, one line per arm
     history = pd.DataFrame([{"study": s.name, "arm": arm, "seed": seed, "metric": "step_pretext_acc", "step": step,
@@ -160,9 +164,10 @@ def test_a_study_set_against_another_studys_arm_reads_that_arm_from_its_csv_and_
     assert "in batch" not in section  # only the reference arm is borrowed
     assert "the study `negatives-cpu-full`'s arm" in section
     # paired by seed: (85.0 − 87.2 + 85.3 − 87.4 + 84.8 − 87.55) / 3
-    assert "| memory_bank − queue fifo m=0.999 | linear | 3 | -2.35 [" in section
+    assert "| queue fifo m=0.999 > memory_bank (linear top-1) | the memory bank is below MoCo's FIFO queue, even " \
+           "trained three times as long (of 1) | 3 | +2.35 [" in section
     claim = next(line for line in section.splitlines() if line.startswith("- *the memory bank is below"))
-    assert "**reproduced**" in claim and "3 seeds" in claim
+    assert "`queue fifo m=0.999` > `memory_bank`: **reproduced**" in claim
 
 
 def test_the_queue_study_at_cpu_full_runs_its_four_sizes_as_a_grid_and_bad_sizes_are_refused_by_the_configs_rule():

@@ -38,7 +38,13 @@ LAZY: dict[str, set[str]] = {
     "tune/grid.py": {"mocolab.analysis"},
     # a study answers --help and refuses its flags before pandas, matplotlib and MLflow draw its report
     "tune/studies/augmentation.py": {"mocolab.analysis"},
-    "tune/studies/momentum.py": {"mocolab.analysis", "mocolab.analysis.momentum_plots"},
+    # ... and measures its random-init baselines (torch, MLflow) only after the sweep
+    "tune/studies/momentum.py": {"mocolab.analysis.momentum_plots", "mocolab.repro.baseline_runs"},
+    # a backbone by name (timm, torchvision) or a plugin method (entry points) loads only where a config names one
+    "config/validate.py": {"mocolab.method.plugins", "mocolab.models.named"},
+    "models/named.py": {"timm", "timm.layers", "torchvision", "torchvision.models.vision_transformer"},
+    # the plan is read without torch; a study's step count (the budget rules) builds the trainer's schedule
+    "repro/plan.py": {"mocolab.config", "mocolab.data.roots", "mocolab.training.build"},
     "tune/studies/negatives.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.analysis.negatives_plots"},
     "tune/studies/queue.py": {"mocolab.analysis"},
     "tune/studies/vit.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.analysis.vit_plots"},
@@ -56,7 +62,6 @@ LAZY: dict[str, set[str]] = {
     # matplotlib: a trial's process imports this module, and draws nothing
     "tune/sweep.py": {"mocolab.analysis.report"},
     # heavy libraries where one feature uses them
-    "analysis/summary.py": {"scipy"},  # one test; tables and plots load without scipy
     "data/augment.py": {"kornia.augmentation"},  # the views; config reads the presets without kornia
     "data/sets.py": {"torchvision.datasets"},  # CIFAR-10, STL-10 and downloads
     "models/backbones.py": {"torchvision"},  # the ResNets

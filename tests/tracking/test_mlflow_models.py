@@ -125,7 +125,7 @@ def test_a_run_with_log_models_false_keeps_its_checkpoint_and_logs_no_model(tmp_
     assert out.status == "finished" and "linear_top1" in run.data.metrics
     assert not run.outputs.model_outputs and list((tmp_path / "runs").rglob("*.pt"))
     sweep = Sweep(study="e", name="s", preset="smoke", description="", base_overrides={"run.log_models": "false"},
-                  trials=[Trial("a", {})], tracking_uri=uri, register="best")
+                  trials=[Trial("a", {})], tracking_uri=uri, register="best", register_metric="linear_top1")
     with pytest.raises(ValueError, match=r"^--register: run.log_models=false leaves no trial a model"):
         check_sweep(sweep)
     sweep.base_overrides["run.log_models"] = "true"

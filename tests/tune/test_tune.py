@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import mlflow_store, run_concurrently
 from mlflow.tracking import MlflowClient
 
 from mocolab.data.sets import fashion_mnist_dir
+from mocolab.training.baselines import Baseline
 from mocolab.tune import Sweep, Trial, run_sweep
-from mocolab.analysis import summarise, welch_t
+from mocolab.analysis import summarise
 from mocolab.tracking import trials_frame
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,10 +111,108 @@ def test_trial_drivers_never_cost_a_whole_trial_or_a_thread(cluster, asked, expe
     assert (conc, cpus, threads_for(cpus)) == expected
 
 
-def test_welch_t_test():
-    t, p = welch_t([80.1, 80.5, 79.9], [86.0, 86.4, 85.8])
-    assert t < -10 and p < 0.001
-    assert welch_t([1.0], [2.0, 3.0]) is None
+# Four seeds whose encoders differ by several points (a seed effect every arm shares), and arms that differ by
+# about a point in every seed: paired across seeds the difference is plain, as two independent samples it is not.
+SEED_EFFECT = (0.0, 3.0, -2.0, 5.0)
+ARMS = {0.0: -10.0, 0.9: -1.0, 0.999: 0.0}  # points from m = 0.999 in every seed (m = 0.9: ± 0.1 of noise)
+NOISE = (0.1, -0.1, 0.0, 0.05)
+INIT_ABOVE = 2.0  # the random-init encoder of a seed: 2 points above its m = 0.999 trial (m = 0: 12 below it)
+
+
+def _momentum_trials(seeds: int = 4) -> pd.DataFrame:
+    """A momentum study's trials table as MLflow gives it: fractions, one finished trial per (m, seed)."""
+    rows = []
+    for m, offset in ARMS.items():
+        for s in range(seeds):
+            linear = (80.0 + SEED_EFFECT[s] + offset + (NOISE[s] if m == 0.9 else 0.0)) / 100
+            rows.append({"label": f"m={m:g} seed={s}", "status": "finished", "run_id": f"r{m:g}{s}",
+                         "params.moco.m": m, "params.run.seed": s, "linear_top1": linear, "knn_top1": linear - 0.1,
+                         "final_loss": 7.0, "ema_half_life": 1.0, "max_staleness_bound": 64.0})
+    return pd.DataFrame(rows)
+
+
+def _momentum_baselines(seeds: int = 4) -> list[Baseline]:
+    init = [Baseline("random-init", s, (70.0 + SEED_EFFECT[s]) / 100, (80.0 + SEED_EFFECT[s] + INIT_ABOVE) / 100)
+            for s in range(seeds)]
+    return init + [Baseline("raw-pixels", None, 0.70, 0.81)]
+
+
+def _momentum_report(tmp_path: Path, monkeypatch, argv: list[str], baselines: list[Baseline]):
+    """The momentum study's own report function, as run_study would call it, with the given baselines."""
+    from mocolab.tune.studies import momentum
+
+    held = {}
+    monkeypatch.setattr(momentum, "run_study", lambda sweep, report: held.update(report=report) or 0)
+    monkeypatch.setattr(momentum, "random_init", lambda sweep, seeds: (baselines, ""))
+    assert momentum.main(["--preset", "smoke", "--storage", str(tmp_path), *argv]) == 0
+    return held["report"]
+
+
+def test_momentum_study_report_pairs_seeds_and_shows_the_random_init_encoder(tmp_path, monkeypatch):
+    """The study's closing table is the reproduction's analysis: each m against m = 0.999 by a paired t-test
+    across seeds, Holm-corrected, and each m beside the random-init encoder of its seed; the plot draws that
+    encoder as a labelled band (its 95 % interval over seeds) and the raw pixels as a line."""
+    from scipy import stats
+
+    from mocolab.analysis import momentum_plots
+    from mocolab.analysis.stats import interval
+
+    drawn = {}
+    keep = momentum_plots.save_figure
+
+    def save(fig, path):
+        ax = fig.axes[0]
+        drawn["labels"] = [t.get_text() for t in ax.get_legend().get_texts()]
+        drawn["bands"] = {p.get_label(): p.get_patch_transform().transform(p.get_path().vertices)[:, 1]
+                          for p in ax.patches if p.get_label().startswith("random-init")}
+        return keep(fig, path)
+
+    monkeypatch.setattr(momentum_plots, "save_figure", save)
+    trials = _momentum_trials()
+    report = _momentum_report(tmp_path, monkeypatch, ["--momenta", "0,0.9,0.999", "--seeds", "4"],
+                              _momentum_baselines())
+    text, figure, table = report(tmp_path, trials)
+    lines = text.splitlines()
+
+    # m = 0.9 is a point below m = 0.999 in every seed: Welch's test on the two columns cannot tell, the pairs can
+    lin = {m: [100 * v for v in trials.loc[trials["params.moco.m"] == m, "linear_top1"]] for m in ARMS}
+    assert stats.ttest_ind(lin[0.9], lin[0.999], equal_var=False).pvalue > 0.5
+    paired_line = next(line for line in lines if line.strip().startswith("m=0.9 − m=0.999"))
+    assert "4 seeds" in paired_line and paired_line.endswith("m=0.9 < m=0.999"), paired_line
+    p = stats.ttest_rel(lin[0.9], lin[0.999]).pvalue
+    assert p < 0.001 and "p < 0.001" in paired_line
+    assert "Holm p < 0.001" in paired_line  # two comparisons in the family: 2p is still below 0.001
+    assert "each m against m=0.999, the paper's m (a family of 2):" in text
+    assert "Welch" not in text
+    # the random-init encoder: its row (mean ± std over the seeds), its interval, and each arm against it
+    init = interval([80.0 + e + INIT_ABOVE for e in SEED_EFFECT])
+    row = next(line for line in lines if line.strip().startswith("random-init "))
+    assert row.split()[1] == "4" and f"{init.mean:.2f} ± {init.std:.2f}" in row and "baseline" in row
+    assert f"linear {init.mean:.2f} [{init.low:.2f}, {init.high:.2f}]" in text
+    assert next(line for line in lines if line.strip().startswith("raw-pixels")).split()[1:3] == ["1", "81.00"]
+    zero = next(line for line in lines if line.strip().startswith("m=0 − random-init"))
+    assert "Δ -12.00" in zero and zero.endswith("m=0 < random-init"), zero  # m = 0 learned nothing: it lost
+    assert "(the baseline check, a family of 3)" in text
+    assert table.set_index("moco.m").loc[0.0, "linear_vs_init"] == pytest.approx(-12.0)
+    # the plot: a band per probe over the random-init encoder's 95 % interval, labelled, and the pixels' line
+    assert figure == tmp_path / "momentum.png" and figure.is_file()
+    assert {"random-init encoder, linear (95 % CI, 4 seeds)", "random-init encoder, kNN (95 % CI, 4 seeds)",
+            "raw pixels, linear probe"} <= set(drawn["labels"])
+    band = drawn["bands"]["random-init encoder, linear (95 % CI, 4 seeds)"]
+    assert (band.min(), band.max()) == (pytest.approx(init.low), pytest.approx(init.high))
+
+
+def test_momentum_study_report_says_what_one_seed_cannot_test(tmp_path, monkeypatch):
+    report = _momentum_report(tmp_path, monkeypatch, ["--momenta", "0,0.9,0.999"], _momentum_baselines(1))
+    text, _, _ = report(tmp_path, _momentum_trials(1))
+    assert "Paired t-tests across seeds need two seeds or more of an arm (--seeds 2); none here." in text
+    assert "linear 82.00, kNN 70.00 (1 seed)." in text  # the random-init encoder of the one seed, no interval
+    report = _momentum_report(tmp_path, monkeypatch, ["--momenta", "0,0.9,0.999", "--seeds", "4", "--no-baselines"],
+                              _momentum_baselines())
+    text, _, _ = report(tmp_path, _momentum_trials())
+    assert "The random-init encoder was not measured (--no-baselines)" in text
+    assert not [line for line in text.splitlines() if line.strip().startswith(("random-init", "raw-pixels"))]
+    assert "m=0.9 < m=0.999" in text
 
 
 def _study_call(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[list[str], dict]:
@@ -217,14 +317,18 @@ def test_queue_study_searches_with_optuna_and_asha(tmp_path):
 @pytest.mark.slow
 @needs_fmnist
 def test_bn_study_logs_pretext_accuracy(tmp_path):
-    """Also what a study prints by default (its own lines, not Ray's), --watch and --register."""
+    """Also what a study prints by default (its own lines, not Ray's), --watch and --register (by a test-split
+    metric, chosen with the warning that this is selection on the test split: the grid holds out no validation
+    split, where the default metric would refuse it)."""
     res = _study(tmp_path, "augmentation_ablation.py", "--what", "bn", "--set=queue.size=512", "--watch", "2",
-                 "--register", "bn-best", "--set=run.log_models=true")
+                 "--register", "bn-best", "--register-metric", "linear_top1", "--set=run.log_models=true")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     _check_console(res.stdout + res.stderr, ["bn=groups seed=0", "bn=plain seed=0", "bn=split seed=0"])
     live = tmp_path / "sweeps" / "augmentation-smoke-s0" / "report" / "report.html"
     assert f"live report: {live}" in res.stdout and live.exists() and "http-equiv" not in live.read_text()
     assert "Registered the best trial by linear_top1" in res.stdout
+    assert "(chosen on the test split: its test scores are optimistic)" in res.stdout
+    assert "warning: --register-metric linear_top1 picks the best trial by its test-split score" in res.stderr
     assert "bn=shuffle needs --workers-per-trial >= 2" in res.stdout
     client, parents, children = _parent_and_children(tmp_path, "augmentation-ablation")
     assert sorted(r.data.tags["trial"] for r in children) == ["bn=groups seed=0", "bn=plain seed=0",
@@ -385,3 +489,28 @@ def test_vit_study_reports_accuracy_and_the_first_layer_gradient(tmp_path):
     report = tmp_path / "sweeps" / "patch-vit-quick-s0" / "report"
     assert sorted(p.name for p in report.glob("*.png")) == ["curves.png", "vit.png"]  # not the v1 paper's curve
 
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_momentum_study_measures_the_random_init_encoder_once_and_reads_it_back(tmp_path, capsys):
+    """The baselines beside the table: the encoder of each seed before training and the raw pixels, scored
+    with the sweep's own settings, logged in the set named as the sweep; the study's next report reads them."""
+    from mocolab.tune.studies.momentum import random_init
+
+    sweep = Sweep(study="momentum-ablation", name="m-tiny", preset="smoke", description="test",
+                  base_overrides={**TINY, "eval.linear_test": 500}, tracking_uri=mlflow_store(tmp_path),
+                  storage=str(tmp_path / "sweeps"))
+    first, note = random_init(sweep, [0])
+    assert note == "" and [(b.kind, b.seed) for b in first] == [("random-init", 0), ("raw-pixels", None)]
+    assert all(0.1 < b.linear_top1 < 1 and 0.1 < b.knn_top1 < 1 for b in first)
+    assert "measuring random-init and raw-pixels" in capsys.readouterr().out
+    again, _ = random_init(sweep, [0])
+    assert again == first and "measuring" not in capsys.readouterr().out  # logged before: read, not measured
+    client = MlflowClient(sweep.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name("baselines").experiment_id])
+    assert sorted(r.data.tags["mocolab.baseline_set"] for r in runs) == ["m-tiny"] * 2
+    # the same name scored otherwise (another kNN k) is not this sweep's: the table goes on without it, saying why
+    other = Sweep(**{**sweep.__dict__, "base_overrides": {**sweep.base_overrides, "eval.knn_k": 5}})
+    none, note = random_init(other, [0])
+    assert none == [] and "m-tiny" in note

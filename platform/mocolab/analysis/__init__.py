@@ -8,9 +8,9 @@ study but one draws (its paper numbers, its own table and picture) is
 ``<study>_plots.py`` here; ``report`` draws a sweep's report from MLflow.
 """
 
-from mocolab.analysis.plots import (accuracy_bars, accuracy_errorbar, bar_plot, binned_mean, dictionary_plot,
-                                    line_plot, save_figure)
-from mocolab.analysis.summary import fmt_mean_std, summarise, welch_t
+from mocolab.analysis.plots import (accuracy_bars, accuracy_errorbar, bar_plot, baseline_band, binned_mean,
+                                    dictionary_plot, line_plot, save_figure)
+from mocolab.analysis.summary import fmt_mean_std, per_seed, summarise
 
-__all__ = ["accuracy_bars", "accuracy_errorbar", "bar_plot", "binned_mean", "dictionary_plot", "fmt_mean_std",
-           "line_plot", "save_figure", "summarise", "welch_t"]
+__all__ = ["accuracy_bars", "accuracy_errorbar", "bar_plot", "baseline_band", "binned_mean", "dictionary_plot",
+           "fmt_mean_std", "line_plot", "per_seed", "save_figure", "summarise"]

@@ -22,10 +22,22 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-def accuracy_errorbar(ax, x, table: pd.DataFrame, key: str, label: str, marker: str) -> None:
+def accuracy_errorbar(ax, x, table: pd.DataFrame, key: str, label: str, marker: str, color: str | None = None) -> None:
     """One accuracy of a summary table (``<key>_mean`` ± ``<key>_std``, as ``summarise`` gives them) against x."""
     ax.errorbar(x, table[f"{key}_mean"], yerr=table[f"{key}_std"].fillna(0), marker=marker, capsize=3,
-                label=label)
+                label=label, color=color)
+
+
+def baseline_band(ax, mean: float, low: float, high: float, label: str, color: str) -> None:
+    """A baseline behind the arms: its mean as a line, its interval (``low`` to ``high``; NaN: none, one
+    value) as a band, one legend entry."""
+    if math.isnan(mean):
+        return
+    if math.isnan(low) or math.isnan(high):
+        ax.axhline(mean, color=color, alpha=0.6, linewidth=1.2, linestyle="-.", label=label)
+        return
+    ax.axhspan(low, high, color=color, alpha=0.15, label=label)
+    ax.axhline(mean, color=color, alpha=0.6, linewidth=0.8)
 
 
 def line_plot(table: pd.DataFrame, key: str, xlabel: str, title: str, path: Path, logx: bool = True) -> Path:

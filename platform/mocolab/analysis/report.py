@@ -3,7 +3,8 @@
 ``mocolab report --experiment momentum-ablation [--parent-run ID] --out DIR``
 reads the runs with ``MlflowClient.search_runs`` (the same records the MLflow
 UI shows), finds what varies across them, and draws: accuracy against
-momentum (log(1−m) axis, the paper's ImageNet curve on a second axis),
+momentum (log(1−m) axis, the paper's ImageNet curve on a second axis, and
+for a sweep the random-init encoder and raw pixels its study logged as baselines),
 accuracy against queue size, grouped bars for augmentation and batch-norm
 settings; for MoCo v3 runs, accuracy per patch projection and base momentum
 beside every trial's first-layer gradient norm per step, and bars per recipe
@@ -30,10 +31,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mocolab.analysis import bar_plot, line_plot, summarise  # noqa: E402
-from mocolab.analysis.momentum_plots import PAPER_MOMENTUM, momentum_plot  # noqa: E402
+from mocolab.analysis.momentum_plots import BASELINE_COLUMNS, PAPER_MOMENTUM, momentum_plot  # noqa: E402
 from mocolab.analysis.negatives_plots import negatives_drift, negatives_plot  # noqa: E402
 from mocolab.analysis.vit_plots import GRAD_FIRST, patch_momentum_table, vit_plot  # noqa: E402
-from mocolab.tracking import Store, redact_uri, run_link, trials_frame  # noqa: E402
+from mocolab.tracking import PARENT_TAG, Store, redact_uri, run_link, trials_frame  # noqa: E402
+from mocolab.tracking.store import BASELINE_KIND_TAG, BASELINE_SET_TAG, BASELINES_EXPERIMENT  # noqa: E402
 
 CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
           ("staleness_mean", "mean key staleness (steps)"))
@@ -201,9 +203,12 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
                         vit_plot(patch_momentum_table(df), curves, out / "vit.png")))
     elif "moco.m" in varying_keys and not negatives:  # (the negatives ablation plots m per source below)
         table = summarise(df, "moco.m")
+        baselines = sweep_baselines(store, parent_run)
         figures.append(("Accuracy against momentum (mean ± std over seeds; red: trials that did not finish; "
-                        "the paper's ImageNet numbers on the right axis, a different dataset and scale)",
-                        momentum_plot(table, PAPER_MOMENTUM, out / "momentum.png")))
+                        + ("bands: the random-init encoder of the same seeds, 95 % interval; dashed: raw pixels; "
+                           if len(baselines) else "")
+                        + "the paper's ImageNet numbers on the right axis, a different dataset and scale)",
+                        momentum_plot(table, PAPER_MOMENTUM, out / "momentum.png", baselines)))
     if negatives:  # the negatives ablation
         table, drift, epoch = negatives_drift(store, df)
         figures.append(("Sources of negatives: accuracy per source, and key drift against the age of the stored "
@@ -238,6 +243,25 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     if log_artifacts and parent_run:
         store.log_artifacts(parent_run, [page, *paths], artifact_path="report")
     return Report(out, page, paths, len(df), subtitle, running=running, live=live_now)
+
+
+def sweep_baselines(store: Store, parent_run: str | None) -> pd.DataFrame:
+    """The random-init encoder and raw pixels the sweep's study logged beside it (``mocolab baselines``'s set
+    named as the sweep), one row each (``momentum_plots.BASELINE_COLUMNS``); none for a whole experiment."""
+    empty = pd.DataFrame(columns=list(BASELINE_COLUMNS))
+    exp_id = store.experiment_id(BASELINES_EXPERIMENT)
+    name = store.client.get_run(parent_run).data.tags.get(PARENT_TAG) if parent_run else None
+    if not name or exp_id is None:
+        return empty
+    runs = store.client.search_runs([exp_id], f"tags.`{BASELINE_SET_TAG}` = '{name}' and attributes.status = "
+                                              f"'FINISHED'", max_results=1000)
+    rows = []
+    for r in runs:
+        kind = r.data.tags.get(BASELINE_KIND_TAG)
+        rows.append({"kind": kind, "seed": int(r.data.params["run.seed"]) if kind == "random-init" else None,
+                     "linear_top1": r.data.metrics.get("linear_top1", math.nan),
+                     "knn_top1": r.data.metrics.get("knn_top1", math.nan)})
+    return pd.DataFrame(rows, columns=list(BASELINE_COLUMNS)) if rows else empty
 
 
 def mixed_provenance(df: pd.DataFrame) -> list[str]:

@@ -3,13 +3,13 @@
 It reads a trials table (one row per trial, built from MLflow by
 ``mocolab.tracking.trials_frame``), so a resumed sweep, or one whose trials
 ran over three invocations, summarises all of its trials, and the summary is
-the same thing the MLflow UI shows.
+the same thing the MLflow UI shows. Two values are compared seed by seed (``per_seed``, then
+``analysis.stats.paired``): the trials of one seed start from the same encoder and see the same batches.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
 import pandas as pd
 
@@ -55,12 +55,12 @@ def fmt_mean_std(mean: float, std: float) -> str:
     return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
 
 
-def welch_t(a: Iterable[float], b: Iterable[float]) -> tuple[float, float] | None:
-    """Welch's t-test (unequal variances): (t, two-sided p); None with fewer than 2 values a side."""
-    a, b = [x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)]
-    if len(a) < 2 or len(b) < 2:
-        return None
-    from scipy import stats
-
-    res = stats.ttest_ind(a, b, equal_var=False)
-    return float(res.statistic), float(res.pvalue)
+def per_seed(df: pd.DataFrame, by: str, metric: str) -> dict[object, dict[int, float]]:
+    """Per value of ``by`` (a config key): {seed: ``metric`` in %} of its finished trials, one per seed (the
+    first, as ``summarise`` counts them), NaN left out: what a paired comparison across seeds reads."""
+    seed_col = "params.run.seed"
+    out: dict[object, dict[int, float]] = {}
+    for value, g in df.groupby(f"params.{by}", sort=True):
+        ok = g[g["status"] == "finished"].drop_duplicates(subset=[seed_col])
+        out[value] = {int(s): 100 * float(v) for s, v in zip(ok[seed_col], ok[metric]) if not math.isnan(float(v))}
+    return out

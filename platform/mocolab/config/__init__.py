@@ -12,12 +12,13 @@ from mocolab.config.io import (PATH_FIELDS, PRESET_DIR, absolute_paths, apply_ov
                                config_file_overrides, from_dict, list_presets, load_preset, parse_overrides,
                                preset_summary, to_yaml, with_absolute_paths)
 from mocolab.config.schema import (AugmentConfig, BankConfig, Config, DataConfig, EvalConfig, ModelConfig,
-                                   MocoConfig, OptimConfig, QueueConfig, RunConfig, VitConfig, departures)
+                                   MethodConfig, MocoConfig, OptimConfig, QueueConfig, RunConfig, VitConfig,
+                                   departures)
 from mocolab.config.validate import NAME_RULE, check_name, check_train_size, validate
 
 __all__ = ["CHOICES", "NAME_RULE", "PATH_FIELDS", "PLACEMENTS", "PRESET_DIR", "RESUMABLE_FIELDS", "AugmentConfig",
-           "BankConfig", "Config", "ConfigMismatchError", "DataConfig", "EvalConfig", "ModelConfig", "MocoConfig",
-           "OptimConfig", "QueueConfig", "RunConfig", "VitConfig", "absolute_paths", "apply_overrides",
+           "BankConfig", "Config", "ConfigMismatchError", "DataConfig", "EvalConfig", "MethodConfig", "ModelConfig",
+           "MocoConfig", "OptimConfig", "QueueConfig", "RunConfig", "VitConfig", "absolute_paths", "apply_overrides",
            "build_config", "check_name", "check_same_config", "check_train_size", "config_diff",
            "config_file_overrides", "departures", "fingerprint", "from_dict", "identity", "list_presets",
            "load_preset", "parse_overrides", "preset_summary", "to_yaml", "validate", "with_absolute_paths"]

@@ -36,11 +36,25 @@ VIT_SIZES: dict[str, tuple[int, int, int]] = {"vit_tiny": (192, 12, 3), "vit_sma
 # models.py: backbones and projection heads.  MoCo v1: linear; v2: mlp; v3: mlp-bn (ResNet: 2 layers) and
 # mlp3-bn (ViT: 3 layers), batch-norm after each layer and a non-affine one at the end, no biases
 BACKBONES = ("convnet", "resnet18", "resnet50", *VIT_SIZES)
+# models/named.py: any timm or torchvision classification model by name, model.backbone=timm:NAME or tv:NAME
+# (config/validate.py checks the name against the library's list); images up to SMALL_IMAGE px get their
+# family's small-image adaptation
+NAMED_BACKBONE_SOURCES = ("timm", "tv")
+SMALL_IMAGE = 96
 # The smallest image side each backbone's forward pass accepts (the convnet's three 2x2 max-pools need
 # 8 px; the ResNets end in an adaptive pool, and a ViT's patches divide the image, which vit.patch_size
 # checks).
 MIN_IMAGE_SIZE: dict[str, int] = {"convnet": 8}
 HEADS = ("linear", "mlp", "mlp-bn", "mlp3-bn")
+
+
+def named_backbone(value: object) -> tuple[str, str] | None:
+    """``"timm:resnet18"`` -> ``("timm", "resnet18")``; None for a built-in backbone (or no backbone at all)."""
+    if isinstance(value, str):
+        source, sep, name = value.partition(":")
+        if sep and source in NAMED_BACKBONE_SOURCES:
+            return source, name
+    return None
 
 # method/moco.py: moco.version: v1 and v2 share the queue algorithm (their recipes differ), v3 has none
 VERSIONS = ("v1", "v2", "v3")
@@ -75,7 +89,8 @@ PLACEMENTS = ("pack", "spread", "strict_spread")  # Ray placement of a run's wor
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.name": DATASETS, "augment.preset": AUGMENT_PRESETS, "model.backbone": BACKBONES, "model.head": HEADS,
+    "data.name": DATASETS, "augment.preset": AUGMENT_PRESETS,
+    "model.backbone": (*BACKBONES, *(f"{s}:NAME" for s in NAMED_BACKBONE_SOURCES)), "model.head": HEADS,
     "moco.bn": BN_MODES, "moco.negatives": NEGATIVE_SOURCES, "queue.policy": QUEUE_POLICIES,
     "queue.layout": QUEUE_LAYOUTS, "optim.schedule": LR_SCHEDULES, "moco.version": VERSIONS,
     "moco.m_schedule": M_SCHEDULES, "optim.name": OPTIMIZERS, "run.device": DEVICES, "run.precision": PRECISIONS,

@@ -7,7 +7,9 @@ and of the packages on the step's path.  Each module counts by its code alone: d
 layout are left out (``ast.unparse`` of the tree without its docstrings), so a reworded comment or a
 reflowed line keeps the fingerprint and a changed loss, augmentation or trainer changes it.  A module the
 worker does not import (the report, the CLI, a study's plot) never counts.  Extra modules (a method or
-backbone from outside the package) join by name.  No torch here: the driver computes it before any work.
+backbone from outside the package: a plugin's, method/plugins.py ``method_modules``) join by name, with the
+modules of their own top-level package that they import.  No torch here: the driver computes it before any
+work.
 """
 
 from __future__ import annotations
@@ -104,7 +106,11 @@ def _source(name: str) -> Path | None:
 
 def _closure(entries: Iterable[str]) -> dict[str, Path]:
     """Every mocolab module ``entries`` import at module level, transitively (a function's own imports wait
-    for a use the training path may never make: a plot, a CLI answer), with the parent packages' __init__."""
+    for a use the training path may never make: a plot, a CLI answer), with the parent packages' __init__;
+    an entry from outside mocolab (a plugin's module) is followed the same way within its own top-level
+    package."""
+    entries = list(entries)
+    roots = {"mocolab", *(e.split(".")[0] for e in entries)}
     found: dict[str, Path] = {}
     todo = list(entries)
     while todo:
@@ -116,18 +122,24 @@ def _closure(entries: Iterable[str]) -> dict[str, Path]:
             continue
         found[name] = path
         parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts)) if parts[0] == "mocolab"]
+        todo += [".".join(parts[:i]) for i in range(1, len(parts)) if parts[0] in roots]
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in tree.body:
-            todo += [m for m in _imported(node) if m.split(".")[0] == "mocolab"]
+            todo += [m for m in _imported(node, package) if m.split(".")[0] in roots]
     return found
 
 
-def _imported(node: ast.stmt) -> list[str]:
+def _imported(node: ast.stmt, package: str = "") -> list[str]:
     """The modules a top-level statement imports (``from a.b import c`` names a.b, and a.b.c where c is a
-    module), looking inside if/try blocks at module level."""
+    module), looking inside if/try blocks at module level; a relative import resolves against ``package``
+    (the importing module's package: a plugin's own may import its siblings so)."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level and package:
+        parts = package.split(".")
+        base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        return [base, *(f"{base}.{a.name}" for a in node.names)] if node.level <= len(parts) else []
     if isinstance(node, ast.ImportFrom) and node.module and not node.level:
         return [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
     if isinstance(node, (ast.If, ast.Try)):
@@ -135,7 +147,7 @@ def _imported(node: ast.stmt) -> list[str]:
                  *(s for h in getattr(node, "handlers", []) for s in h.body)]
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
             return []
-        return [m for s in inner for m in _imported(s)]
+        return [m for s in inner for m in _imported(s, package)]
     return []
 
 

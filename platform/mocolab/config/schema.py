@@ -71,6 +71,24 @@ class MocoConfig:
 
 
 @dataclass
+class MethodConfig:
+    """A method from outside the package (method/plugins.py; docs/methods.md, "Your own method"); the default,
+    an empty name, is the built-in methods, picked by ``moco.version`` and ``moco.negatives``."""
+    # an installed plugin's name (entry point group mocolab.methods, e.g. byol) or a module:Class path
+    name: str = ""
+    # the plugin's own fields, "<plugin>.<field>" -> value (--set method.byol.symmetric=false), flattened as
+    # method.<plugin>.<field>; validation checks them against the fields the plugin declares and fills in
+    # the rest at their defaults
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        """The plugin's own fields are ``method.<namespace>.<field>``: its entry point's name, or for a
+        ``module:Class`` path the name after the colon."""
+        return self.name.rpartition(":")[2]
+
+
+@dataclass
 class QueueConfig:
     size: int = 16384  # K negatives
     policy: str = "fifo"  # fifo: the oldest keys leave; random: random slots are replaced (ages unbounded)
@@ -149,6 +167,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     vit: VitConfig = field(default_factory=VitConfig)
     moco: MocoConfig = field(default_factory=MocoConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     bank: BankConfig = field(default_factory=BankConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -160,8 +179,11 @@ class Config:
         return dataclasses.asdict(self)
 
     def flatten(self) -> dict[str, Any]:
-        """``{"moco.m": 0.999, ...}``: the form MLflow params and ``--set`` use."""
-        return {f"{s}.{k}": v for s, sec in self.to_dict().items() for k, v in sec.items()}
+        """``{"moco.m": 0.999, ...}``: the form MLflow params and ``--set`` use. A plugin's own fields are keys
+        of their own (``method.byol.symmetric``), not one ``method.options``."""
+        flat = {f"{s}.{k}": v for s, sec in self.to_dict().items() for k, v in sec.items()
+                if (s, k) != ("method", "options")}
+        return {**flat, **{f"method.{k}": v for k, v in sorted(self.method.options.items())}}
 
     def replace(self, **dotted: Any) -> "Config":
         """A copy with ``{"moco.m": 0.9}``-style changes; unknown keys are errors."""
@@ -210,6 +232,8 @@ class Config:
         version = "" if self.moco.version == "v2" else f"{self.moco.version}-"  # v2, the default, adds nothing
         source = {"queue": "", "memory_bank": "bank-", "in_batch": "inbatch-"}[self.moco.negatives] \
             if self.moco.negatives in NEGATIVE_SOURCES else f"{self.moco.negatives}-"
+        if self.method.name:  # a plugin's method: its name (a module:Class path's class), not the built-ins'
+            source = f"{self.method.namespace}-"
         return f"{self.run.preset}-{version}{source}m{self.moco.m}-s{self.run.seed}-{digest}"
 
     @property
@@ -245,12 +269,14 @@ class Config:
 
     @property
     def uses_queue(self) -> bool:
-        return self.moco.version != "v3" and self.moco.negatives == "queue"
+        """MoCo's queue (v1, v2): not v3, not another source of negatives, not a plugin's method."""
+        return not self.method.name and self.moco.version != "v3" and self.moco.negatives == "queue"
 
 
 _SECTION_TYPES = {
     "data": DataConfig, "augment": AugmentConfig, "model": ModelConfig, "vit": VitConfig, "moco": MocoConfig,
-    "queue": QueueConfig, "bank": BankConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig,
+    "method": MethodConfig, "queue": QueueConfig, "bank": BankConfig, "optim": OptimConfig, "eval": EvalConfig,
+    "run": RunConfig,
 }
 
 
@@ -277,6 +303,15 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
         raise ValueError(f"unknown config key {dotted!r}; keys look like section.field with sections "
                          f"{list(_SECTION_TYPES)}")
     sec = getattr(cfg, section)
+    if section == "method" and "." in key:  # a plugin's own field, method.<plugin>.<field>: checked when loaded
+        cfg.method.options[key] = value
+        return
+    if (section, key) == ("method", "options"):  # all of them at once (a config file, a record)
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"{dotted}: {value!r} is not a mapping of a plugin's fields "
+                             f"(<plugin>.<field>: value)")
+        cfg.method.options = dict(value)
+        return
     names = {f.name: f for f in fields(sec)}
     if key not in names:
         raise ValueError(f"unknown config key {dotted!r}; {section} has {sorted(names)}")

@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any, Iterable
 
-from mocolab.config.choices import CHOICES, MIN_IMAGE_SIZE, STREAMABLE, VIT_SIZES
+from mocolab.config.choices import CHOICES, MIN_IMAGE_SIZE, STREAMABLE, VIT_SIZES, named_backbone
 from mocolab.config.schema import Config
 
 
@@ -36,11 +36,15 @@ def _range(name: str, value: float, lo: float | None = None, hi: float | None = 
 
 def validate(cfg: Config) -> Config:
     """Every check of the config alone: a function of its fields that reads no file and no environment, so it
-    answers the same wherever it runs. What needs the disk (the data is there, and a folder holds enough
-    images) is ``data_root.check_data``, which every command runs where it uses the data, before any work."""
+    answers the same wherever it runs (a ``timm:NAME`` backbone also needs timm installed, a plugin's method
+    its plugin: ``_check_method``). What needs the disk
+    (the data is there, and a folder holds enough images) is ``data_root.check_data``, which every command runs
+    where it uses the data, before any work."""
     d, a, mo, mc, q, o, e, r = cfg.data, cfg.augment, cfg.model, cfg.moco, cfg.queue, cfg.optim, cfg.eval, cfg.run
     flat = cfg.flatten()
     for key, allowed in CHOICES.items():
+        if key == "model.backbone" and named_backbone(flat[key]):
+            continue  # timm:NAME or tv:NAME: the library's own list of names (_check_named_backbone)
         _choice(key, flat[key], allowed)
 
     _range("moco.m", mc.m, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
@@ -135,6 +139,7 @@ def validate(cfg: Config) -> Config:
         raise ValueError("moco.bn: 'sync' (batch-norm over the global batch) needs run.num_workers >= 2 ranks; "
                          "in one process use 'split' or 'plain'")
 
+    _check_method_fields(cfg)
     _check_negatives(cfg)
     if cfg.uses_queue:  # the queue's own bounds (v3, a memory bank and in-batch read no queue.size)
         if q.size <= 0:
@@ -143,6 +148,8 @@ def validate(cfg: Config) -> Config:
             raise ValueError(f"queue.size: {q.size} must be a multiple of the global batch "
                              f"optim.batch_size={o.batch_size} (so the FIFO ring wraps on a batch boundary)")
     check_train_size(cfg, cfg.known_train_size)
+    _check_named_backbone(cfg)  # after the checks without imports: it may load timm or torchvision (and torch)
+    _check_method(cfg)  # last: it may import a plugin (and torch)
     return cfg
 
 
@@ -166,6 +173,46 @@ def check_train_size(cfg: Config, n: int | None) -> None:
         raise ValueError(f"optim.batch_size: {o.batch_size} is larger than the training set ({n} images)")
 
 
+# method.name: an installed plugin's name (its fields are method.<name>.*, so no dot in it), or a module:Class path
+_PLUGIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,99}")
+_PLUGIN_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def _check_method_fields(cfg: Config) -> None:
+    """``method.name``'s form, and the plugin's own fields named for it (the plugin itself: ``_check_method``)."""
+    me = cfg.method
+    if me.name and not (_PLUGIN_NAME.fullmatch(me.name) or _PLUGIN_PATH.fullmatch(me.name)):
+        raise ValueError(f"method.name: {me.name!r} is neither a plugin's name (letters, digits, _ and -, starting "
+                         f"with a letter) nor a module:Class path (e.g. my_methods:BYOL); empty: the built-in "
+                         f"methods (moco.version, moco.negatives)")
+    for key in me.options:
+        plugin, _, name = key.partition(".")
+        if not name.isidentifier():
+            raise ValueError(f"method.{key}: a plugin's field is method.<plugin>.<field> "
+                             f"(e.g. method.byol.symmetric)")
+        if not me.name:
+            raise ValueError(f"method.{key}: a field of the plugin {plugin!r}, and method.name is empty (the "
+                             f"built-in methods, which take no method.* fields)")
+        if plugin != me.namespace:
+            raise ValueError(f"method.{key}: a field of the plugin {plugin!r}, and method.name is {me.name!r} "
+                             f"(whose fields are method.{me.namespace}.*)")
+    if me.name and cfg.moco.negatives != "queue":
+        raise ValueError(f"moco.negatives: {cfg.moco.negatives!r} picks a built-in method, and method.name="
+                         f"{me.name} picks the method; leave moco.negatives at 'queue' (its default)")
+
+
+def _check_method(cfg: Config) -> None:
+    """A plugin's method (``method.name``): found, loaded, checked against the ``Method`` protocol, its own
+    fields read into the fields it declares (``method.options`` then holds them all, typed, the unset at their
+    defaults) and its own checks of the config passed (method/plugins.py).
+    It reads the environment (the installed plugins, Python's path) and imports code: only for a config that
+    names a plugin, so a config of the built-in methods is still checked without torch."""
+    if cfg.method.name:
+        from mocolab.method.plugins import check_method
+
+        check_method(cfg)
+
+
 def _check_negatives(cfg: Config) -> None:
     mc, q, b = cfg.moco, cfg.queue, cfg.bank
     _range("eval.drift_probes", cfg.eval.drift_probes, 0, allowed="an integer >= 0 (0: no key-drift probes)")
@@ -180,7 +227,8 @@ def _check_negatives(cfg: Config) -> None:
                          f"(every rank draws the same slots); the sharded layout is FIFO only")
     if not cfg.uses_queue and q.policy != "fifo":
         raise ValueError(f"queue.policy: {q.policy!r} applies to MoCo's queue, and there is none "
-                         f"(moco.version={mc.version}, moco.negatives={mc.negatives})")
+                         + (f"(method.name={cfg.method.name})" if cfg.method.name else
+                            f"(moco.version={mc.version}, moco.negatives={mc.negatives})"))
     if mc.negatives != "memory_bank":
         changed = [k for k, default in (("negatives", 0), ("momentum", 0.5)) if getattr(b, k) != default]
         if changed:
@@ -189,6 +237,16 @@ def _check_negatives(cfg: Config) -> None:
         return
     _range("bank.momentum", b.momentum, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
     _range("bank.negatives", b.negatives, 0, allowed="0 (queue.size) or an integer >= 1")
+
+
+def _check_named_backbone(cfg: Config) -> None:
+    """``timm:NAME`` / ``tv:NAME``: a model the library has (else the closest names), a family adapted to the
+    image size, timm installed. It loads the library (timm or torchvision, and torch): only for such a name, so
+    a config of the built-in backbones is still checked without torch."""
+    if named_backbone(cfg.model.backbone):
+        from mocolab.models.named import check_named
+
+        check_named(cfg.model.backbone, cfg.image_size)
 
 
 def _check_vit(cfg: Config) -> None:

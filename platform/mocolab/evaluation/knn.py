@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+__all__ = ["knn_accuracy", "knn_predict"]  # stable (docs/api.md)
+
 
 @torch.no_grad()
 def knn_predict(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
@@ -36,5 +38,6 @@ def knn_predict(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feat
 def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                  test_labels: torch.Tensor, classes: int, k: int = 200, t: float = 0.1,
                  device: torch.device | str | None = None) -> float:
+    """Top-1 of ``knn_predict`` against ``test_labels``, as a fraction in [0, 1]."""
     pred = knn_predict(train_feats, train_labels, test_feats, classes, k, t, device=device)
     return float((pred == test_labels.cpu()).float().mean())

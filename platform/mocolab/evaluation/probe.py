@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+__all__ = ["ProbeResult", "linear_probe"]  # stable (docs/api.md)
+
 
 @dataclass
 class ProbeResult:

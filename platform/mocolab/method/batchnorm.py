@@ -17,6 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["GlobalBatchNorm", "SplitBatchNorm2d", "convert_global_bn", "convert_split_bn"]  # stable (docs/api.md)
+
 
 class SplitBatchNorm2d(nn.BatchNorm2d):
     """BatchNorm2d whose training statistics come from ``groups`` equal slices of the batch.

@@ -13,6 +13,9 @@ import torch.distributed as dist
 # gloo gained reduce_scatter in torch 2.8; older gloo falls back to all_reduce + slice.
 _TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
+# stable (docs/api.md): what the distributed losses and queues take as their collectives
+__all__ = ["gather_no_grad", "gather_with_grad", "rank_and_world", "reduce_scatter_with_grad"]
+
 
 def rank_and_world() -> tuple[int, int]:
     """(rank, world size) of the default process group; (0, 1) when there is none."""

@@ -23,6 +23,8 @@ from torch import nn
 from mocolab.config.choices import QUEUE_POLICIES as POLICIES  # noqa: F401  (queue.policy: config/choices.py)
 from mocolab.method.losses import fused_queue_info_nce
 
+__all__ = ["KeyQueue", "KeySnapshot"]  # stable (docs/api.md); the rest is internal
+
 POLICY_SEED = 0x5107  # random replacement: one fixed stream, the same on every rank (replicated queues agree)
 
 
@@ -66,7 +68,7 @@ class WrittenAges:
 class KeyQueue(WrittenAges, nn.Module):
     """A ring of ``size`` = K slots that receives the global batch of keys every step.
 
-    Names used by every queue (method/collectives.py's layouts too): ``size`` K, the logical
+    Names used by every queue (method/queue_layouts.py's layouts too): ``size`` K, the logical
     queue; ``batch_size`` B, the per-rank batch; ``world_size`` W;
     ``global_batch`` B·W; ``slots`` the keys this process holds (K here, K/W
     for a shard); ``enqueue_batch`` the keys one ``enqueue`` writes here.

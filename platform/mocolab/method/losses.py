@@ -19,8 +19,8 @@ Every loss but ``info_nce`` (which returns its logits, as Algorithm 1 has them) 
 (loss, correct): ``correct`` (one bool per query) says
 whether the query's positive scored at least as high as every candidate
 (pretext accuracy; a tie counts for the positive, as ``argmax`` does).
-Distributed losses take the collectives they need as arguments: they live in
-method/collectives.py, which imports the queues that import this module.  Their defaults
+Distributed losses take the collectives they need as arguments (``gather_with_grad``,
+``gather_no_grad``, ``reduce_scatter_with_grad`` of method/collectives.py); their defaults
 are one process.
 """
 
@@ -31,6 +31,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+__all__ = ["contrastive_cross_entropy", "fused_queue_info_nce", "info_nce", "nt_xent", "queue_info_nce",
+           "sharded_queue_info_nce", "v3_info_nce"]  # stable (docs/api.md)
 
 Collective = Callable[[torch.Tensor], torch.Tensor]
 
@@ -84,7 +87,7 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, tau: float, *, rank: int = 0,
     Each of the 2B views is a query whose positive is the other view of its
     image and whose candidates are every other view; a view is never its own
     negative.  Across W ranks, pass this rank's ``rank`` and an all-gather that
-    carries autograd back to the rows' owners (``dist.gather_with_grad``): the
+    carries autograd back to the rows' owners (``collectives.gather_with_grad``): the
     candidates are then the 2·B·W views of the global batch, the loss is the
     mean over this rank's 2B queries, the mean over ranks is the one-process
     loss of the global batch, and DDP's average of the ranks' gradients is its
@@ -106,7 +109,7 @@ def v3_info_nce(q: torch.Tensor, k: torch.Tensor, tau: float, *, rank: int = 0,
     reference (``moco/builder.py`` of facebookresearch/moco-v3).  Returns (loss, correct B).
 
     Across W ranks, pass this rank's ``rank`` and an all-gather (the keys carry
-    no gradient: ``dist.gather_no_grad``): the negatives are then the global
+    no gradient: ``collectives.gather_no_grad``): the negatives are then the global
     batch's keys.  Exact on one process.
     """
     k_all = gather(k)  # (B·W)×C, rank-major
@@ -176,8 +179,8 @@ def sharded_queue_info_nce(q: torch.Tensor, l_pos: torch.Tensor, keys: torch.Ten
     """``queue_info_nce`` of this rank's B queries when each of W ranks holds K/W of the keys (``keys``).
 
     Pass this rank's ``rank``, an all-gather with autograd (B×… -> (B·W)×…,
-    ``dist.gather_with_grad``) and a reduce-scatter (sum) with autograd
-    ((B·W)×… -> B×…, ``dist.reduce_scatter_with_grad``); the defaults are one
+    ``collectives.gather_with_grad``) and a reduce-scatter (sum) with autograd
+    ((B·W)×… -> B×…, ``collectives.reduce_scatter_with_grad``); the defaults are one
     process, where this is the definition computed with a max shift.  The
     logits are computed where the keys live: the queries are gathered, scored
     against the local shard, and the softmax denominator is summed across

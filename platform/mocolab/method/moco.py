@@ -36,6 +36,52 @@ from mocolab.method.protocol import MethodOutput, MethodParts, encoder_autocast
 if TYPE_CHECKING:
     from mocolab.config import Config
 
+__all__ = ["momentum_update"]  # stable (docs/api.md); MoCo and MoCoV3 are built by the platform from a config
+
+
+def _ema_pairs(key_encoder: nn.Module, query_encoder: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """(θ_k, θ_q) by name: f_k's parameters with f_q's of the same name (DDP's ``.module`` unwrapped)."""
+    q_params = dict(getattr(query_encoder, "module", query_encoder).named_parameters())
+    pairs = [(name, p_k, q_params.get(name)) for name, p_k in key_encoder.named_parameters()]
+    missing = [name for name, _, p_q in pairs if p_q is None]
+    if missing:
+        raise ValueError(f"momentum_update: the query encoder has no parameter {missing[0]!r} "
+                         f"({len(missing)} of the key encoder's {len(pairs)} are missing)")
+    return [(p_k, p_q) for _, p_k, p_q in pairs]
+
+
+@torch.no_grad()
+def momentum_update(key_encoder: nn.Module, query_encoder: nn.Module, m: float) -> None:
+    """θ_k ← m·θ_k + (1−m)·θ_q, in place, for every parameter of ``key_encoder``.
+
+    Parameters pair by name, so the query encoder may hold more (MoCo v3's predictor) and may be wrapped
+    in DDP; buffers (BN statistics) are left alone, f_k keeps its own as in the reference.  ``m`` comes in
+    with each call: a schedule (m cosine to 1) lives in the loop.  One fused kernel per operation over all
+    parameters.
+
+    Args:
+        key_encoder: f_k, updated in place (no gradient flows).
+        query_encoder: f_q, read only.
+        m: the momentum in [0, 1]: 0 copies f_q, 1 leaves f_k as it is.
+
+    Raises:
+        ValueError: ``m`` outside [0, 1], or a parameter of f_k that f_q has not.
+
+    Example::
+
+        encoder_k = copy.deepcopy(encoder_q).requires_grad_(False)
+        ...  # each step, after f_q's forward and before the keys are computed:
+        momentum_update(encoder_k, encoder_q, m=0.99)
+    """
+    if not 0.0 <= m <= 1.0:
+        raise ValueError(f"momentum_update: m={m} is out of range; allowed [0, 1]")
+    pairs = _ema_pairs(key_encoder, query_encoder)
+    if not pairs:
+        return
+    keys = [p_k for p_k, _ in pairs]
+    torch._foreach_mul_(keys, m)
+    torch._foreach_add_(keys, [p_q.detach() for _, p_q in pairs], alpha=1.0 - m)
+
 
 def _key_shuffler(cfg: Config):
     """The key batch's shuffle for ``moco.bn`` (shuffle: rank 0's own generator; split: the augment stream)."""
@@ -81,20 +127,11 @@ class MoCo(nn.Module):
 
     def ema_pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
         """(θ_k, θ_q) by name: f_k's parameters with the query encoder's of the same name (DDP unwrapped)."""
-        q = getattr(self.encoder_q, "module", self.encoder_q)
-        q_params = dict(q.named_parameters())
-        return [(p_k, q_params[name]) for name, p_k in self.encoder_k.named_parameters()]
+        return _ema_pairs(self.encoder_k, self.encoder_q)
 
-    @torch.no_grad()
     def momentum_update(self) -> None:
-        """θ_k ← m·θ_k + (1−m)·θ_q over parameters; f_k's BN statistics stay its own, as in the reference.
-        One fused kernel per operation over all parameters (the same two operations per element as a loop)."""
-        pairs = self.ema_pairs()
-        if not pairs:
-            return
-        keys = [p_k for p_k, _ in pairs]
-        torch._foreach_mul_(keys, self.m)
-        torch._foreach_add_(keys, [p_q.detach() for _, p_q in pairs], alpha=1.0 - self.m)
+        """θ_k ← m·θ_k + (1−m)·θ_q over parameters (the module's ``momentum_update``, with this model's m)."""
+        momentum_update(self.encoder_k, self.encoder_q, self.m)
 
     @torch.no_grad()
     def compute_keys(self, im_k: torch.Tensor) -> torch.Tensor:

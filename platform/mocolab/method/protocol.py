@@ -13,6 +13,9 @@ a checkpoint, and how to describe it in one line.  Four methods implement it:
     memory_bank   negatives.MemoryBankContrast     none          one entry per training image
     in_batch      negatives.InBatchContrast        none          none: the global batch's views
 
+Methods from outside the package implement it too: method/plugins.py checks a plugin against it when it is
+loaded (docs/methods.md, "Your own method"; examples/plugins/mocolab-byol is BYOL).
+
 This module imports no method, so each method's module imports it and the
 registry (method/registry.py) imports them: the arrows run one way.
 """

@@ -30,6 +30,8 @@ from mocolab.method.collectives import (
 from mocolab.method.key_queue import KeyQueue, KeySnapshot
 from mocolab.method.losses import sharded_queue_info_nce
 
+__all__ = ["ReplicatedKeyQueue", "ShardedKeyQueue", "build_queue", "gather_queue_state"]  # stable (docs/api.md)
+
 
 class ReplicatedKeyQueue(KeyQueue):
     """Every rank holds all K keys; ``enqueue`` all-gathers the B·W keys first.

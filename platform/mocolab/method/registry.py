@@ -1,10 +1,14 @@
-"""The one place that picks a method for a config: a registry of the methods method/protocol.py describes.
+"""The one place that picks a method for a config: the built-in methods, and plugins from outside the package.
 
-``build_method`` picks by ``moco.version`` where the version names a method of
-its own (v3), else by ``moco.negatives``.  Adding a method (BYOL, say) is one
-file with its module and a ``from_config(cfg, parts)``, one line in
-``METHODS`` and its name in config/choices.py; tests/method/test_method_contract.py then checks it
-with the other four.
+``build_method`` builds the plugin ``method.name`` names where it is set (method/plugins.py: an installed
+entry point of the group ``mocolab.methods``, or a ``module:Class`` path), else a built-in: by
+``moco.version`` where the version names a method of its own (v3), else by ``moco.negatives``.  Every method
+implements the protocol of method/protocol.py, and tests/method/test_method_contract.py checks each, the
+installed plugins with the built-ins.
+
+A method of your own needs no change here: write it as a plugin (docs/methods.md, "Your own method";
+examples/plugins/mocolab-byol is one).  A new built-in is one file with its module and a
+``from_config(cfg, parts)``, one line in ``METHODS`` and its name in config/choices.py.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from typing import Callable
 
 from mocolab.config import Config
+from mocolab.method import plugins
 from mocolab.method.protocol import Method, MethodParts
 from mocolab.method.moco import MoCo, MoCoV3
 from mocolab.method.negative_sources import InBatchContrast, MemoryBankContrast
@@ -28,13 +33,18 @@ METHODS: dict[str, Callable[[Config, MethodParts], Method]] = {
 
 
 def method_name(cfg: Config) -> str:
-    """The registry's name for a config: ``moco.version`` where it names a method (v3), else ``moco.negatives``
-    (v1 and v2 differ in their recipe, not their algorithm)."""
+    """The method a config asks for: its plugin (``method.name``) where it names one, else the built-in's name,
+    ``moco.version`` where it names a method (v3), else ``moco.negatives`` (v1 and v2 differ in their recipe,
+    not their algorithm)."""
+    if cfg.method.name:
+        return cfg.method.name
     return cfg.moco.version if cfg.moco.version in METHODS else cfg.moco.negatives
 
 
 def build_method(cfg: Config, parts: MethodParts) -> Method:
     """The method the config asks for, on the CPU (the trainer moves it)."""
+    if cfg.method.name:
+        return plugins.load(cfg.method.name).build(cfg, parts)
     name = method_name(cfg)
     if name not in METHODS:
         raise ValueError(f"moco.negatives: {name!r} names no method; allowed {', '.join(METHODS)}")

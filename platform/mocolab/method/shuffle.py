@@ -12,6 +12,8 @@ import torch.distributed as dist
 from mocolab.config.choices import BN_MODES
 from mocolab.method.collectives import gather_no_grad, rank_and_world
 
+__all__ = ["CrossRankShuffle", "LocalShuffle", "NoShuffle", "build_shuffler"]  # stable (docs/api.md)
+
 
 class CrossRankShuffle:
     """MoCo's shuffle BN: keys are computed on a batch permuted across all ranks.

@@ -13,8 +13,9 @@ import copy
 import torch
 from torch import nn
 
-from mocolab.config.choices import BACKBONES, HEADS  # noqa: F401  (model.backbone, model.head: config/choices.py)
+from mocolab.config.choices import BACKBONES, HEADS, named_backbone  # model.backbone, model.head: config/choices.py
 from mocolab.method.batchnorm import convert_split_bn
+from mocolab.models.named import build_named
 from mocolab.models.pooling import MaxPool2x2
 
 from mocolab.models.vision_transformer import VIT_SIZES, build_vit
@@ -63,7 +64,10 @@ def _torchvision_resnet(name: str, in_channels: int, cifar_stem: bool) -> nn.Mod
 
 def build_backbone(name: str, in_channels: int, width: int = 32, *, image_size: int = 28, patch_size: int = 0,
                    depth: int = 0, freeze_patch_embed: bool = False) -> nn.Module:
-    """``image_size``, ``patch_size``, ``depth`` and ``freeze_patch_embed`` shape the ViTs only (vit.py)."""
+    """``image_size``, ``patch_size``, ``depth`` and ``freeze_patch_embed`` shape the ViTs only (vit.py);
+    ``timm:NAME`` and ``tv:NAME`` are built for ``in_channels`` and ``image_size`` by models/named.py."""
+    if named_backbone(name):
+        return build_named(name, in_channels, image_size)
     if name in VIT_SIZES:
         return build_vit(name, image_size, in_channels, patch_size=patch_size, depth=depth,
                          freeze_patch_embed=freeze_patch_embed)
@@ -73,7 +77,8 @@ def build_backbone(name: str, in_channels: int, width: int = 32, *, image_size: 
         return _torchvision_resnet("resnet18", in_channels, cifar_stem=True)
     if name == "resnet50":
         return _torchvision_resnet("resnet50", in_channels, cifar_stem=False)
-    raise ValueError(f"model.backbone: unknown value {name!r}; choose one of {list(BACKBONES)}")
+    raise ValueError(f"model.backbone: unknown value {name!r}; choose one of {list(BACKBONES)}, timm:NAME or "
+                     f"tv:NAME")
 
 
 def bn_mlp(layers: int, in_dim: int, hidden: int, out_dim: int, last_bn: bool = True) -> nn.Sequential:

@@ -1,8 +1,8 @@
 """``results/*.csv`` -> ``docs/REPRODUCTION.md`` and its figures: every number in the write-up is computed here
 from the committed CSV files, so the document regenerates without the MLflow store that produced them.
 
-Each paper claim is stated with the test behind it and marked reproduced, not reproduced or reversed.
-Definitions (what "fails" means, which comparisons form a family) are fixed in this module, before the runs.
+Each paper claim gets one of four verdicts by the rules of repro/claims.py and analysis/verdicts.py, which
+were written before the runs they judge; this module applies them and shows each rule beside its verdict.
 """
 
 from __future__ import annotations
@@ -17,25 +17,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from mocolab.analysis.stats import Comparison, fmt_p, holm, interval, paired  # noqa: E402
+from mocolab.analysis.stats import Comparison, interval, paired  # noqa: E402
 from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
+from mocolab.repro.claims import FAIL_LOSS_FRACTION, FAIL_PRETEXT, RANDOM_INIT  # noqa: E402
+from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, judge_study  # noqa: E402
 from mocolab.repro.inputs import check_results  # noqa: E402
 from mocolab.repro.plan import HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, STUDIES, Study  # noqa: E402
-
-ALPHA = 0.05
-# "m = 0 fails", fixed before the runs: every seed of m = 0 meets all three.
-FAIL_LOSS_FRACTION = 0.9  # final InfoNCE loss >= 0.9 * ln(1 + K): no better than guessing among K + 1 keys
-FAIL_PRETEXT = 0.05  # pretext (instance discrimination) accuracy below 5 % at the end
-FAIL_MARGIN = 0.01  # linear probe no more than 1 point above the random-init encoder of the same seed
-# Paper claims about momentum (MoCo, He et al. 2020, Table 1b: 0.9 -> 55.2, 0.99 -> 57.8, 0.999 -> 59.0,
-# 0.9999 -> 58.9 linear top-1 on ImageNet): (higher arm, lower arm) pairs it orders, and the pair it ties.
-ORDERED = ((0.99, 0.9), (0.999, 0.99))
-TIED = (0.9999, 0.999)
-# "Learning is plain at this budget": the bar a budget clears before its ablations read as more than noise.
-# In every seed, m = 0.99 beats the random-init encoder of the same seed by >= 5 kNN points and the raw-pixel
-# probe by >= 3 linear points (test split).
-PLAIN_ARM, PLAIN_KNN, PLAIN_LINEAR = "0.99", 0.05, 0.03
-
 
 @dataclass
 class Written:
@@ -65,22 +52,8 @@ def _diff(c: Comparison) -> str:
     return f"{100 * c.diff.mean:+.2f} [{100 * c.diff.low:+.2f}, {100 * c.diff.high:+.2f}]"
 
 
-def _t(c: Comparison) -> str:
-    return "—" if math.isnan(c.t) else f"{c.t:.2f}"
-
-
 def _seeds(n: int) -> str:
     return f"{n} seed" + ("" if n == 1 else "s")
-
-
-def _p(name: str, p: float) -> str:
-    text = fmt_p(p)
-    return f"{name} {text}" if text.startswith("<") else f"{name} = {text}"
-
-
-def _by_seed(frame: pd.DataFrame, arm: str, metric: str) -> dict[int, float]:
-    rows = frame[(frame["arm"] == arm) & (frame["status"] == "finished")].drop_duplicates("seed")
-    return {int(s): float(v) for s, v in zip(rows["seed"], rows[metric]) if not math.isnan(float(v))}
 
 
 def _precision(frame: pd.DataFrame) -> str:
@@ -127,51 +100,41 @@ def _code_line(frame: pd.DataFrame) -> str:
 def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
                      history: pd.DataFrame | None = None) -> tuple[str, str, Path]:
     """(the study's section, README's headline table, the figure); ``history`` as for ``study_section``."""
-    arms = [a for a in frame["arm"].unique() if a not in ("random-init", "raw-pixels")]
+    arms = [a for a in frame["arm"].unique() if a not in (RANDOM_INIT, "raw-pixels")]
     arms = sorted(arms, key=float)
-    init = {m: _by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
+    init = {m: by_seed(frame, RANDOM_INIT, m) for m in ("linear_top1", "knn_top1")}
     pixels = frame[frame["arm"] == "raw-pixels"]
     rows, head = [], []
     for arm in arms:
         g = frame[frame["arm"] == arm]
         ok = g[g["status"] == "finished"].drop_duplicates("seed")
         statuses = ", ".join(f"{n} {s}" for s, n in g["status"].value_counts().items())
-        dl = paired(_by_seed(frame, arm, "linear_top1"), init["linear_top1"], (f"m={arm}", "random-init"))
-        dk = paired(_by_seed(frame, arm, "knn_top1"), init["knn_top1"], (f"m={arm}", "random-init"))
+        dl = paired(by_seed(frame, arm, "linear_top1"), init["linear_top1"], (f"m={arm}", RANDOM_INIT))
+        dk = paired(by_seed(frame, arm, "knn_top1"), init["knn_top1"], (f"m={arm}", RANDOM_INIT))
         paper = "fail" if float(arm) == 0 else (f"{PAPER_MOMENTUM[float(arm)]:.1f}"
                                                  if float(arm) in PAPER_MOMENTUM else "—")
         rows.append(f"| {arm} | {len(ok)} | {_ci(ok['linear_top1'])} | {_diff(dl)} | {_ci(ok['knn_top1'])} | "
                     f"{_diff(dk)} | {ok['final_loss'].mean():.3f} | {pct(ok['pretext_acc'].mean())} | "
                     f"{g['ema_half_life'].mean():.1f} | {statuses} | {paper} |")
         head.append(f"| {arm} | {len(ok)} | {_ci(ok['linear_top1'])} | {_diff(dl)} | {_diff(dk)} | {paper} |")
-    for name, metric_rows in (("random-init", frame[frame["arm"] == "random-init"]), ("raw-pixels", pixels)):
+    for name, metric_rows in ((RANDOM_INIT, frame[frame["arm"] == RANDOM_INIT]), ("raw-pixels", pixels)):
         if len(metric_rows):
             n = len(metric_rows)
-            zero = "0" if name == "random-init" else "—"
+            zero = "0" if name == RANDOM_INIT else "—"
             rows.append(f"| {name} | {n} | {_ci(metric_rows['linear_top1'])} | {zero} | "
                         f"{_ci(metric_rows['knn_top1'])} | {zero} | — | — | — | baseline | — |")
-            head.append(f"| {name} | {n} | {_ci(metric_rows['linear_top1'])} | "
-                        f"{'0' if name == 'random-init' else '—'} | {'0' if name == 'random-init' else '—'} | — |")
+            head.append(f"| {name} | {n} | {_ci(metric_rows['linear_top1'])} | {zero} | {zero} | — |")
 
-    # the family of comparisons, Holm-corrected together
-    lin = {arm: _by_seed(frame, arm, "linear_top1") for arm in arms}
-    family = [paired(lin[f"{hi:g}"], lin[f"{lo:g}"], (f"m={hi:g}", f"m={lo:g}"))
-              for hi, lo in (*ORDERED, TIED) if f"{hi:g}" in lin and f"{lo:g}" in lin]
-    family += [paired(lin[arm], init["linear_top1"], (f"m={arm}", "random-init")) for arm in arms]
-    family = holm(family)
-    comp_rows = [f"| {c.a} − {c.b} | {c.n} | {_diff(c)} | {_t(c)} | {fmt_p(c.p)} | {fmt_p(c.p_holm)} | "
-                 f"{c.verdict(ALPHA)} |" for c in family]
-    claims = _momentum_claims(frame, family, init["linear_top1"], study.seeds)
-    plain = _learning_is_plain(frame, init["knn_top1"], study.seeds)
-
+    steps = study.steps()
+    paper, claims, baselines, plain = judge_study(study, frame, steps)
+    lines = claim_lines(claims, plain)
     figure = _momentum_figure(frame, arms, fig_dir / f"{study.name}.png", history)
     text = "\n".join([
         f"## {study.title}",
         "",
-        f"Preset `{study.preset}`, m ∈ {{{', '.join(arms)}}}, seeds 0 to {study.seeds - 1} planned "
-        f"(the table counts those finished; paired: seed s of every arm starts from the same encoder and "
-        f"sees the same batches). "
-        f"Fashion-MNIST test split (10,000 images) for every number.",
+        f"Preset `{study.preset}`, {steps:,} training steps, m ∈ {{{', '.join(arms)}}}, seeds 0 to "
+        f"{study.seeds - 1} planned (the table counts those finished; paired: seed s of every arm starts from the "
+        f"same encoder and sees the same batches). Fashion-MNIST test split (10,000 images) for every number.",
         "",
         *_provenance(frame),
         "",
@@ -192,32 +155,26 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Paired t-tests on linear top-1 across seeds, Holm-corrected as one family of {len(family)} "
-        f"(α = {ALPHA}):",
-        "",
-        "| comparison | seeds | Δ points [95 %] | t | p | p (Holm) | verdict |",
-        "|---|---|---|---|---|---|---|",
-        *comp_rows,
-        "",
         "### The paper's claims",
         "",
-        *claims,
+        paper.text,
         "",
-        "### Is learning plain at this budget?",
-        "",
-        plain,
-        "",
+        *_verdict_block(claims, baselines, steps, plain),
+        *_zero_diagnostics(frame),
     ])
     headline = "\n".join([
-        f"Momentum ablation, `{study.preset}` preset, Fashion-MNIST, seeds finished per arm as counted "
-        "(top-1 %, mean ± std [95 % interval]; Δ: paired difference from the same seed's random-init encoder):",
+        f"Momentum ablation, `{study.preset}` preset ({steps:,} steps), Fashion-MNIST, seeds finished per arm as "
+        "counted (top-1 %, mean ± std [95 % interval]; Δ: paired difference from the same seed's random-init "
+        "encoder):",
         "",
         "| m | seeds | linear | Δ linear | Δ kNN | paper (ImageNet) |",
         "|---|---|---|---|---|---|",
         *head,
         "",
-        *claims,
-        plain,
+        "Verdicts by the rules stated before the runs (docs/REPRODUCTION.md, *How a claim is judged*):",
+        "",
+        *lines,
+        plain.line,
         "",
         # README sits at the repository's root, the figures in docs/figures (where `mocolab repro` writes them)
         f"![{study.name}: top-1 against 1 − m, beside the random-init encoder and raw pixels]"
@@ -226,71 +183,37 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
     return text, headline, figure
 
 
-def _learning_is_plain(frame: pd.DataFrame, init_knn: dict[int, float], planned: int) -> str:
-    """Whether the budget separates a trained encoder from the baselines, by PLAIN_*: per seed of m = 0.99."""
-    arm = _by_seed(frame, PLAIN_ARM, "knn_top1")
-    linear = _by_seed(frame, PLAIN_ARM, "linear_top1")
-    pixels = frame.loc[frame["arm"] == "raw-pixels", "linear_top1"]
-    seeds = [s for s in arm if s in init_knn]
-    rule = (f"the bar: m = {PLAIN_ARM} beats the random-init encoder of its seed by ≥ "
-            f"{100 * PLAIN_KNN:.0f} kNN points and the raw-pixel linear probe by ≥ {100 * PLAIN_LINEAR:.0f} linear "
-            f"points, in every seed")
-    if not seeds or not len(pixels):
-        return f"- *Learning is plain at this budget* ({rule}): **not yet measured** — no finished seed of " \
-               f"m = {PLAIN_ARM} beside its baselines."
-    knn_margin = [arm[s] - init_knn[s] for s in seeds]
-    linear_margin = [linear[s] - float(pixels.mean()) for s in seeds]
-    met = sum(k >= PLAIN_KNN and lin >= PLAIN_LINEAR for k, lin in zip(knn_margin, linear_margin))
-    verdict = "**met**" if met == len(seeds) else "**not met**"
-    if len(seeds) < planned:
-        verdict += f" so far ({len(seeds)} of {planned} planned seeds finished)"
-    return (f"- *Learning is plain at this budget* ({rule}): {verdict} — {met} of {len(seeds)} seeds; kNN margin "
-            f"over random-init "
-            f"{100 * min(knn_margin):+.2f} to {100 * max(knn_margin):+.2f} points, linear margin over raw pixels "
-            f"{100 * min(linear_margin):+.2f} to {100 * max(linear_margin):+.2f} points.")
+def _verdict_block(claims, baselines, steps: int, plain) -> list[str]:
+    """The claims' verdicts, their table, the baseline checks and the budget's bar: a study section's end."""
+    table = claim_table(claims, steps, plain)
+    base = claim_table(baselines, steps, plain, baseline=True)
+    return [
+        *(claim_lines(claims, plain) or ["- The paper states no claim this study tests; the tables are the finding."]),
+        "",
+        *(table + [""] if table else []),
+        *(["### Baseline checks", "",
+           "Each arm's linear top-1 against the random-init encoder of its seed, a Holm family of its own: "
+           "*reproduced* here means the arm's encoder is above its start, *not reproduced* that it is within the "
+           "margin of it or below.", "", *base, ""] if base else []),
+        "### Is learning plain at this budget?",
+        "",
+        plain.line,
+        "",
+    ]
 
 
-def _momentum_claims(frame: pd.DataFrame, family: list[Comparison], init: dict[int, float],
-                     planned: int) -> list[str]:
-    out = []
-    by = {(c.a, c.b): c for c in family}
+def _zero_diagnostics(frame: pd.DataFrame) -> list[str]:
+    """How m = 0's seeds ended (loss, pretext accuracy, divergence): description beside its verdict."""
     zero = frame[(frame["arm"] == "0") & (frame["status"].isin(["finished", "diverged"]))]
-    if len(zero):
-        k = zero["queue_size"].astype(float)
-        loss_ok = zero["final_loss"] >= FAIL_LOSS_FRACTION * (k + 1).apply(math.log)
-        pretext_ok = zero["pretext_acc"] < FAIL_PRETEXT
-        margin_ok = [float(lin) <= init.get(int(s), math.nan) + FAIL_MARGIN
-                     for s, lin in zip(zero["seed"], zero["linear_top1"])]
-        diverged = zero["status"] == "diverged"
-        each = [d or (lo and pr and ma) for d, lo, pr, ma in zip(diverged, loss_ok, pretext_ok, margin_ok)]
-        verdict = "**reproduced**" if all(each) else "**not reproduced**"
-        if len(each) < planned:
-            verdict += f" so far ({len(each)} of {planned} planned seeds finished)"
-        out.append(f"- *m = 0 fails* (defined before the runs: a seed fails when it diverges, "
-                   f"or when its final loss is "
-                   f"≥ {FAIL_LOSS_FRACTION}·ln(1+K), its pretext accuracy < {100 * FAIL_PRETEXT:.0f} % and its "
-                   f"linear probe ≤ its random-init encoder's + {100 * FAIL_MARGIN:.0f} point): {verdict} — "
-                   f"{sum(each)} of {len(each)} seeds fail (loss criterion met by {int(loss_ok.sum())}, pretext by "
-                   f"{int(pretext_ok.sum())}, probe by {sum(margin_ok)}, diverged {int(diverged.sum())}).")
-    for hi, lo in ORDERED:
-        c = by.get((f"m={hi:g}", f"m={lo:g}"))
-        if c is None:
-            continue
-        v = c.verdict(ALPHA)
-        mark = ("**not yet tested**" if c.n < 2 else "**reproduced**" if v == c.a + " > " + c.b
-                else "**reversed**" if v == c.a + " < " + c.b else "**not reproduced** (no significant difference)")
-        out.append(f"- *m = {lo:g} < m = {hi:g}* (paper: {PAPER_MOMENTUM[lo]} < {PAPER_MOMENTUM[hi]}): {mark} — "
-                   f"m={hi:g} − m={lo:g} = {_diff(c)} points, paired t = {_t(c)}, {_p('p', c.p)}, "
-                   f"{_p('Holm p', c.p_holm)}, {_seeds(c.n)}.")
-    hi, lo = TIED
-    c = by.get((f"m={hi:g}", f"m={lo:g}"))
-    if c is not None:
-        v = c.verdict(ALPHA)
-        mark = ("**not yet tested**" if c.n < 2 else "**consistent** (no significant difference)"
-                if v == "no difference" else f"**not reproduced** ({v})")
-        out.append(f"- *m = {hi:g} ≈ m = {lo:g}* (paper: {PAPER_MOMENTUM[hi]} vs {PAPER_MOMENTUM[lo]}): {mark} — "
-                   f"{_diff(c)} points, paired t = {_t(c)}, {_p('Holm p', c.p_holm)}, {_seeds(c.n)}.")
-    return out
+    if not len(zero):
+        return []
+    k = zero["queue_size"].astype(float)
+    loss_ok = zero["final_loss"] >= FAIL_LOSS_FRACTION * (k + 1).apply(math.log)
+    pretext_ok = zero["pretext_acc"] < FAIL_PRETEXT
+    diverged = zero["status"] == "diverged"
+    return [f"How m = 0 ended, per seed: final loss ≥ {FAIL_LOSS_FRACTION}·ln(1+K) (no better than guessing among "
+            f"the keys) in {int(loss_ok.sum())} of {len(zero)}, pretext accuracy < {100 * FAIL_PRETEXT:.0f} % in "
+            f"{int(pretext_ok.sum())}, diverged in {int(diverged.sum())}.", ""]
 
 
 METRICS = (("linear_top1", "linear probe", "o", "C0"), ("knn_top1", "kNN", "s", "C1"))  # metric, label, marker, colour
@@ -348,47 +271,7 @@ def _momentum_figure(frame: pd.DataFrame, arms: list[str], path: Path, history: 
     return path
 
 
-# What the papers say about each generic study (by the field its arms differ in, else by its script): their
-# numbers where they give them, and the claims tested here as (arm, "<" or ">", the claim's words), the arm
-# against the study's reference on linear top-1.
-Paper = tuple[str, tuple[tuple[str, str, str], ...]]
-PAPER: dict[str, Paper] = {
-    "queue.size": (
-        "Paper (Figure 3, ImageNet linear top-1, ResNet-50): MoCo's accuracy rises with K all the way to "
-        "K = 65,536 (60.6); at K = 4,096 it is 59.0 (the momentum ablation's m = 0.999). The paper has no "
-        "Fashion-MNIST number.",
-        (("256", "<", "a larger dictionary is better: the smallest K is below the preset's K"),)),
-    "moco.bn": (
-        "Paper (Section 3.3, Shuffling BN): without shuffling, the batch's statistics leak which key is the "
-        "positive, so the model 'cheats' the pretext task and finds a low-loss solution that does not make "
-        "a good representation. The paper gives no accuracy for the unshuffled model. Here `split` emulates "
-        "its per-GPU BN with the key batch shuffled across the groups; `groups` and `plain` do not shuffle.",
-        (("plain", "<", "one BN over the whole batch, unshuffled, is worse than shuffled BN"),
-         ("groups", "<", "the same BN groups without the shuffle are worse than shuffled BN"))),
-    "negatives_ablation.py": (
-        "Paper (Figure 3, ImageNet linear top-1): MoCo's queue beats the memory bank at every K, 60.6 against "
-        "58.0 at K = 65,536 (a 2.6-point gap); end-to-end (in-batch) negatives match MoCo where memory allows "
-        "(K up to 1,024), and MoCo's larger queues go above them. The paper runs FIFO only: it gives no number "
-        "for random replacement. Here the in-batch arm has 2 x 256 - 2 negatives a query, the queue 16,384.",
-        (("memory bank", "<", "the memory bank is below MoCo's FIFO queue"),
-         ("in batch", "<", "in-batch negatives (end-to-end: K is the batch) are below MoCo's large queue"))),
-    "moco.negatives": (
-        "Paper (Figure 3, ImageNet linear top-1): the memory bank is below MoCo's queue at every K, 58.0 against "
-        "60.6 at K = 65,536. Here the bank trains three times as long as the queue it is set against (30 epochs "
-        "against the 10 of `negatives-cpu-full`, whose bank did not learn), both with 16,384 negatives a query.",
-        (("memory_bank", "<", "the memory bank is below MoCo's FIFO queue, even trained three times as long"),)),
-    "vit_ablation.py": (
-        "Papers (ImageNet linear top-1, ResNet-50, 200 epochs): MoCo v1 60.6, MoCo v2 67.5 (Chen et al. 2020); "
-        "MoCo v3 (Chen, Xie, He 2021) reports other epochs and backbones, no number at this recipe. Here every "
-        "recipe trains at vit-quick's data, batch and epochs. The random-init baseline is the convnet the "
-        "three convnet recipes train: the ViT's Δ is against that convnet, not against a random ViT.",
-        (("v1 convnet", "<", "v2's recipe (MLP head, τ 0.2, blur) improves on v1's"),)),
-}
-PRETEXT_NOTE = {"moco.bn": "pretext_acc"}  # studies whose pretext accuracy is itself tested against the reference
-
-
-def _paper(study: Study) -> Paper:
-    return PAPER.get(study.by) or PAPER.get(study.script) or ("The paper gives no number here.", ())
+PRETEXT = "moco.bn"  # the study whose figure draws pretext accuracy beside the top-1 (its claim reads it)
 
 
 def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
@@ -398,26 +281,6 @@ def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
     return sorted(found, key=lambda a: (order.get(a, len(order)), a))
 
 
-def study_family(study: Study, frame: pd.DataFrame) -> list[tuple[str, Comparison]]:
-    """Every paired test of the study as (metric, comparison), Holm-corrected together: each arm against the
-    reference on linear and kNN top-1 (and pretext accuracy where the study says so), then each arm's linear
-    top-1 against the random-init encoder of the same seed."""
-    arms, ref = _arms(study, frame), study.reference
-    metrics = ["linear_top1", "knn_top1", *([PRETEXT_NOTE[study.by]] if study.by in PRETEXT_NOTE else [])]
-    tests: list[tuple[str, Comparison]] = []
-    if ref in arms:
-        for metric in metrics:
-            base = _by_seed(frame, ref, metric)
-            tests += [(metric, paired(_by_seed(frame, a, metric), base, (a, ref))) for a in arms if a != ref]
-    init = _by_seed(frame, "random-init", "linear_top1")
-    if init:
-        tests += [("linear_top1", paired(_by_seed(frame, a, "linear_top1"), init, (a, "random-init"))) for a in arms]
-    return list(zip([m for m, _ in tests], holm([c for _, c in tests])))
-
-
-_METRIC = {"linear_top1": "linear", "knn_top1": "kNN", "pretext_acc": "pretext"}
-
-
 def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
                   history: pd.DataFrame | None = None) -> tuple[str, Path]:
     """(the section of a study whose arms are any config field's values or a script's settings, its figure).
@@ -425,14 +288,14 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
     accuracy."""
     frame = frame.assign(arm=frame["arm"].astype(str))
     arms = _arms(study, frame)
-    init = {m: _by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
+    init = {m: by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
     rows = []
     for arm in arms:
         g = frame[frame["arm"] == arm]
         ok = g[g["status"] == "finished"].drop_duplicates("seed")
         statuses = ", ".join(f"{n} {s}" for s, n in g["status"].value_counts().items())
-        dl = paired(_by_seed(frame, arm, "linear_top1"), init["linear_top1"], (arm, "random-init"))
-        dk = paired(_by_seed(frame, arm, "knn_top1"), init["knn_top1"], (arm, "random-init"))
+        dl = paired(by_seed(frame, arm, "linear_top1"), init["linear_top1"], (arm, "random-init"))
+        dk = paired(by_seed(frame, arm, "knn_top1"), init["knn_top1"], (arm, "random-init"))
         mark = " (reference)" if arm == study.reference else ""
         rows.append(f"| {arm}{mark} | {len(ok)} | {_ci(ok['linear_top1'])} | {_diff(dl)} | {_ci(ok['knn_top1'])} | "
                     f"{_diff(dk)} | {_num(ok['final_loss'].mean(), '.3f')} | {_ci(ok['pretext_acc'].dropna())} | "
@@ -443,11 +306,8 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
             zero = "0" if name == "random-init" else "—"
             rows.append(f"| {name} | {len(base)} | {_ci(base['linear_top1'])} | {zero} | {_ci(base['knn_top1'])} | "
                         f"{zero} | — | — | baseline |")
-    family = study_family(study, frame)
-    comp_rows = [f"| {c.a} − {c.b} | {_METRIC[m]} | {c.n} | {_diff(c)} | {_t(c)} | {fmt_p(c.p)} | "
-                 f"{fmt_p(c.p_holm)} | {c.verdict(ALPHA)} |" for m, c in family]
-    tested = sum(not math.isnan(c.p) for _, c in family)
-    paper, claims = _paper(study)
+    steps = study.steps()
+    paper, claims, baselines, plain = judge_study(study, frame, steps)
     figure = _study_figure(study, frame, arms, fig_dir / f"{study.name}.png", history)
     what = f"`{study.by}`" if study.by != LABEL else f"the settings of `{study.script}`"
     pairing = ("paired by seed: seed s of every arm sees the same batches, but the recipes build different "
@@ -462,9 +322,9 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
     text = "\n".join([
         f"## {study.title}",
         "",
-        f"Preset `{study.preset}`, {what} ∈ {{{', '.join(arms)}}}, seeds 0 to {study.seeds - 1} planned (the "
-        f"table counts those finished; {pairing}); {reference}. Fashion-MNIST test split (10,000 images) for "
-        f"every number.",
+        f"Preset `{study.preset}`, {steps:,} training steps, {what} ∈ {{{', '.join(arms)}}}, seeds 0 to "
+        f"{study.seeds - 1} planned (the table counts those finished; {pairing}); {reference}. Fashion-MNIST test "
+        "split (10,000 images) for every number.",
         "",
         *_provenance(frame),
         "",
@@ -482,21 +342,12 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Paired t-tests across seeds, Holm-corrected as one family of the {tested} with two or more paired "
-        f"seeds (α = {ALPHA}): each arm against `{study.reference}` on linear and kNN top-1"
-        + (" and pretext accuracy" if study.by in PRETEXT_NOTE else "")
-        + ", and each arm's linear top-1 against the random-init encoder of the same seed:",
-        "",
-        "| comparison | metric | seeds | Δ points [95 %] | t | p | p (Holm) | verdict |",
-        "|---|---|---|---|---|---|---|---|",
-        *comp_rows,
-        "",
         "### The paper's claims",
         "",
-        paper,
+        paper.text,
         "",
-        *_claims(study, family, claims),
-        "",
+        *([f"Where this data set limits the claim: {paper.limits}", ""] if paper.limits else []),
+        *_verdict_block(claims, baselines, steps, plain),
     ])
     return text, figure
 
@@ -505,27 +356,9 @@ def _num(x: float, spec: str) -> str:
     return "—" if x is None or math.isnan(x) else format(x, spec)
 
 
-def _claims(study: Study, family: list[tuple[str, Comparison]], claims) -> list[str]:
-    by = {(c.a, c.b): c for m, c in family if m == "linear_top1"}
-    out = []
-    for arm, sign, words in claims:
-        c = by.get((arm, study.reference))
-        if c is None:
-            out.append(f"- *{words}* (`{arm}` {sign} `{study.reference}`, linear top-1): **not yet tested** "
-                       f"(an arm has no finished run).")
-            continue
-        v = c.verdict(ALPHA)
-        mark = ("**not yet tested**" if c.n < 2 else "**reproduced**" if v == f"{c.a} {sign} {c.b}"
-                else "**not reproduced** (no significant difference)" if v == "no difference" else "**reversed**")
-        out.append(f"- *{words}* (`{arm}` {sign} `{study.reference}`, linear top-1): {mark} — "
-                   f"{c.a} − {c.b} = {_diff(c)} points, paired t = {_t(c)}, {_p('p', c.p)}, "
-                   f"{_p('Holm p', c.p_holm)}, {_seeds(c.n)}.")
-    return out or ["- The paper states no claim this study tests; the table and tests above are the finding."]
-
-
 def _study_figure(study: Study, frame: pd.DataFrame, arms: list[str], path: Path,
                   history: pd.DataFrame | None = None) -> Path:
-    pretext = study.by in PRETEXT_NOTE
+    pretext = study.by == PRETEXT
     fig, axes = plt.subplots(1, 2 if pretext else 1, figsize=(11 if pretext else 7, 4.2), dpi=110, squeeze=False)
     ax = axes[0][0]
     numeric = study.by == "queue.size"
@@ -636,6 +469,10 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         "Every accuracy is beside two baselines scored by the same kNN and linear probe on the same images: "
         "the *random-init* encoder (the network each seed starts from, before any training) and a linear "
         "probe on the *raw pixels*.",
+        "",
+        "## How a claim is judged",
+        "",
+        *RULES,
         "",
         *sections,
     ]).rstrip() + "\n"

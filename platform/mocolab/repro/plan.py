@@ -65,6 +65,17 @@ class Study:
     def baseline_overrides(self, precision: str) -> list[str]:
         return [*self.overrides(precision), *self.baseline_sets]
 
+    def steps(self) -> int:
+        """Training steps each trial takes (the trainer's own schedule for the preset and ``extra``'s values):
+        what the budget rules (repro/claims.py) read."""
+        from mocolab.config import build_config
+        from mocolab.data.roots import check_data
+        from mocolab.training.build import Schedule
+
+        cfg = check_data(build_config(self.preset, self.overrides("fp32")))
+        world = max(self.workers, 1)
+        return Schedule.from_config(cfg, cfg.train_size, cfg.optim.batch_size // world, world).total_steps
+
     def command(self, precision: str, threads: int) -> list[str]:
         """The study's command line (relative to the repository), with precision and threads pinned."""
         sets = [a for kv in [*self.overrides(precision), f"run.threads={threads}"] for a in ("--set", kv)]

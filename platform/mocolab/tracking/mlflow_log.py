@@ -134,11 +134,15 @@ def segments_text(manifest: RunManifest) -> str:
 
 
 def _sections(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"moco.m": 0.99}`` -> ``{"moco": {"m": 0.99}}``: the config as its YAML form reads."""
+    """``{"moco.m": 0.99}`` -> ``{"moco": {"m": 0.99}}``: the config as its YAML form reads (a plugin's
+    ``method.<plugin>.<field>`` under ``method.options``, as ``--config`` takes it back)."""
     out: dict[str, dict[str, Any]] = {}
     for key, value in flat.items():
         section, _, name = key.partition(".")
-        out.setdefault(section, {})[name] = value
+        if section == "method" and name != "name":
+            out.setdefault(section, {}).setdefault("options", {})[name] = value
+        else:
+            out.setdefault(section, {})[name] = value
     return out
 
 

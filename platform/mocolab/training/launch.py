@@ -28,6 +28,7 @@ from mocolab.data.roots import check_data
 from mocolab.config.hardware import resolve_device
 from mocolab.training.lock import NameLock
 from mocolab.config.code_fingerprint import UNKNOWN, code_fingerprint
+from mocolab.method.plugins import method_modules, shipped_paths
 from mocolab.config.manifest import (FINAL_ERROR, RunManifest, check_resume, read_manifest, write_manifest,
                                      write_outcome)
 from mocolab.tracking import (RunTracker, TrackingUnreachable, check_tracking_uri, local_store_path, redact_text,
@@ -39,7 +40,7 @@ from mocolab.training.code_check import (REUSE_FLAG, Ended, continued_segments, 
 from mocolab.training.ray_output import quiet_driver_output
 from mocolab.training.resources import check_placement, node_capacities, worker_gpus
 from mocolab.training.session import WorkerArgs, last_metrics
-from mocolab.training.shipping import check_job_paths, check_nodes, code_runtime_env
+from mocolab.training.shipping import check_job_paths, check_nodes, code_runtime_env, method_runtime_env
 from mocolab.config.storage import Location, is_uri
 
 CHECKPOINT_DIR_TAG = "mocolab.checkpoint_dir"  # the run's folder (or URI): its manifest and checkpoints
@@ -160,7 +161,7 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
     else:  # the loop runs in this process: a device it cannot see is refused before any run exists
         resolve_device(cfg.run.device)
     run_dir = storage.child(name)
-    code = code_fingerprint()
+    code = code_fingerprint(extra=method_modules(cfg))  # a plugin's method: its code is the run's too
     manifest = RunManifest.of(cfg, code)
     again = dict(tracking_uri=tracking_uri, parent_run_id=parent_run_id, tags=tags, display_name=display_name,
                  log_to_mlflow=log_to_mlflow, progress=progress, callbacks=callbacks, ray_train_info=ray_train_info,
@@ -264,7 +265,9 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
             run_config=RunConfig(name=name, storage_path=cfg.run.output_dir,
                                  failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints),
-                                 callbacks=None if tune_local else callbacks or None),
+                                 callbacks=None if tune_local else callbacks or None,
+                                 # a method named by module:Class path: its module goes to the workers
+                                 worker_runtime_env=method_runtime_env(shipped_paths(cfg)) if workers else None),
         )
         return trainer.fit()
 

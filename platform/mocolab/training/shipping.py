@@ -91,6 +91,25 @@ def code_runtime_env() -> tuple[dict[str, Any], bool]:
     return {"py_modules": mine}, False
 
 
+def method_runtime_env(folders: Iterable[str]) -> dict[str, Any]:
+    """Ray Train's workers' runtime env for a run whose method is named by a ``module:Class`` path
+    (method/plugins.py): the module's folder on their path, as a ``local://`` ``py_modules`` entry, beside
+    what the job ships (a worker's ``py_modules`` replace the job's, so the job's come first). {} where there
+    is none: an installed plugin is on every worker of the environment already.
+
+    Ray uploads a local folder only for a job (``ray.init``), not for the workers Ray Train's controller
+    starts: the folder is used in place, so it must be on every node that trains (this machine, or shared
+    storage); a node without it fails the run naming the folder."""
+    folders = list(folders)
+    if not folders:
+        return {}
+    import ray
+
+    theirs = list((ray.get_runtime_context().runtime_env or {}).get("py_modules") or [])
+    mine = [f"local://{folder}" for folder in folders]
+    return {"py_modules": theirs + [m for m in mine if m not in theirs]}
+
+
 def driver_versions(dists: Iterable[str] = NODE_REQUIREMENTS) -> dict[str, str]:
     """The versions this driver runs with: the pins every node is checked against."""
     out = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}

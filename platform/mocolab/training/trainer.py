@@ -316,7 +316,8 @@ class ConsoleProgress:
         val = getattr(tr.data, "val", None)
         held = f" / {len(val)} validation (held out)" if val is not None else ""
         self.say(f"mocolab: {cfg.data.name} ({tr.data.size} train{held} / {tr.data.test_size} test, {tr.data.kind}), "
-                 f"MoCo {mc.version}, {cfg.model.backbone}, {m_txt}, {dictionary}, {cfg.optim.name} "
+                 f"{f'method {cfg.method.name}' if cfg.method.name else f'MoCo {mc.version}'}, {cfg.model.backbone}, "
+                 f"{m_txt}, {dictionary}, {cfg.optim.name} "
                  f"lr {cfg.effective_lr:g}, batch={cfg.optim.batch_size} "
                  f"on {tr.world_size} rank(s), {tr.schedule.total_steps} steps on {tr.device} "
                  f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"

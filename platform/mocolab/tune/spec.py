@@ -20,6 +20,10 @@ from mocolab.config.storage import Location
 from mocolab.tune.search import check_search
 
 
+REGISTER_METRIC = "val_linear_top1"  # what --register ranks trials by unless told: the validation split's probe
+TEST_METRICS = ("linear_top1", "knn_top1")  # the test split's: ranking by them is selection on the test split
+
+
 @dataclass(frozen=True)
 class SweepPlace:
     """Where a sweep keeps its state, from ``--storage`` and its name, built once per sweep: ``root`` is
@@ -83,7 +87,7 @@ class Sweep:
     stop_after: int | None = None  # end this invocation after N trials finish; the same name continues
     source: dict[str, str] = field(default_factory=dict)  # MLflow source tags, computed in the driver
     register: str | None = None  # register the best trial's encoder under this Model Registry name
-    register_metric: str = "linear_top1"  # ... best by this final metric (max; min for a loss)
+    register_metric: str = REGISTER_METRIC  # ... best by this final metric (max; min for a loss)
     verbose: bool = False  # also print Ray's own output (Tune's tables, workers' logs); always in Ray's log files
     watch_s: int | None = None  # keep <sweep folder>/report/report.html current while trials run, every N s
     reuse_other_code: bool = False  # a trial's run made by other code is reported, not trained again
@@ -127,6 +131,32 @@ def check_selection(sweep: Sweep) -> None:
     if not build_config(sweep.preset, {**sweep.base_overrides}).data.val_size:
         raise ValueError(f"data.val_size: 0 holds out no validation split for the {sweep.metric!r} a "
                          f"{sweep.search} search / {sweep.scheduler} scheduler selects by: {fix}")
+
+
+def check_register(sweep: Sweep) -> None:
+    """``--register`` ranks the finished trials by ``register_metric``: a validation metric needs a validation
+    split held out of training (``data.val_size``), which a grid does not hold out unless told."""
+    metric = sweep.register_metric
+    if not metric.startswith("val_"):
+        return
+    if not build_config(sweep.preset, {**sweep.base_overrides}).data.val_size:
+        default = " (the default)" if metric == REGISTER_METRIC else ""
+        raise ValueError(
+            f"--register-metric: {metric}{default} ranks the trials on a validation split, and "
+            f"data.val_size is 0: this sweep holds none out. Hold one out of training with --set data.val_size=N "
+            f"(e.g. 5000; every trial then trains on N images fewer), or rank by a test-split score with "
+            f"--register-metric linear_top1 (selection on the test split: the registered model's test score is "
+            f"then optimistic)")
+
+
+def register_warning(sweep: Sweep) -> str:
+    """What a sweep that registers its best trial by a test-split score prints before it runs ('' otherwise)."""
+    if sweep.register is None or sweep.register_metric not in TEST_METRICS:
+        return ""
+    return (f"warning: --register-metric {sweep.register_metric} picks the best trial by its test-split score: that "
+            f"is model selection on the test split, so the registered model's {sweep.register_metric} is optimistic "
+            f"and not a held-out result (rank by val_linear_top1 or val_knn_top1, with --set data.val_size=N, to "
+            f"keep the test split out of the choice)")
 
 
 def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float,
@@ -190,6 +220,7 @@ def check_sweep(sweep: Sweep) -> None:
             raise ValueError(f"--register-metric: {sweep.register_metric!r} is not one of {list(REGISTER_METRICS)}")
         if not build_config(sweep.preset, {**sweep.base_overrides}).run.log_models:
             raise ValueError("--register: run.log_models=false leaves no trial a model to register; drop one")
+        check_register(sweep)
 
 
 def _trial_config(sweep: Sweep, overrides: dict[str, Any]) -> Config:

@@ -8,6 +8,7 @@ takes seconds; ``run_study`` loads them once the input is good.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from mocolab.config.flags import check_seeds
 from mocolab.training.interrupts import closing_on_signals, exit_code
 from mocolab.config.code_fingerprint import neutral_changes
 from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
-from mocolab.tune.spec import REGISTER_METRICS, Sweep, Trial, check_sweep  # noqa: F401  (Trial: what studies build)
+from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Sweep, Trial,  # noqa: F401
+                               check_sweep, register_warning)  # (Trial: what studies build)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,9 +55,11 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
                    help="end after N trials have finished; run the same command again to continue")
     p.add_argument("--register", default=None, metavar="NAME",
                    help="at the end, register the best finished trial's encoder in the MLflow Model Registry as NAME")
-    p.add_argument("--register-metric", default="linear_top1",
-                   choices=["linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss"],
-                   help="what 'best' means for --register (default linear_top1; final_loss: the lowest)")
+    p.add_argument("--register-metric", default=REGISTER_METRIC, choices=list(REGISTER_METRICS),
+                   help=f"what 'best' means for --register (default {REGISTER_METRIC}: the validation split's, which "
+                        f"needs --set data.val_size=N in a grid; {' and '.join(TEST_METRICS)} rank by the test split, "
+                        f"which is selection on it: the registered model's test score is then optimistic; "
+                        f"final_loss: the lowest)")
     p.add_argument("--watch", type=int, nargs="?", const=30, default=None, metavar="SECONDS",
                    help="keep the sweep's HTML report current while trials run, rewritten after every trial and "
                         "at most every SECONDS (default 30); the page reloads itself")
@@ -132,6 +136,8 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if warning := register_warning(sweep):
+        print(warning, file=sys.stderr)
     from mocolab.tune.sweep import ending, resolve_sweep, run_sweep
 
     sweep = resolve_sweep(sweep)
@@ -156,11 +162,15 @@ def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport])
             raise
 
 
-def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
-    """--register: the best finished trial's encoder becomes a new version of the registered model."""
+def _register_best(sweep: Sweep, trials: pd.DataFrame, runs: list) -> None:
+    """--register: the best finished trial's encoder becomes a new version of the registered model (``runs``:
+    the trials' MLflow runs, for a metric the trials table does not carry)."""
     from mocolab.tracking.logged_models import register_model
 
     metric, mode = sweep.register_metric, REGISTER_METRICS[sweep.register_metric]
+    if metric not in trials:  # the validation split's scores: final metrics of the runs, not columns of the table
+        scores = {r.info.run_id: r.data.metrics.get(metric, math.nan) for r in runs}
+        trials = trials.assign(**{metric: [scores.get(i, math.nan) for i in trials["run_id"]]})
     done = trials[(trials["status"] == "finished") & trials[metric].notna()]
     if done.empty:
         print(f"--register: no finished trial has {metric}; nothing registered", file=sys.stderr)
@@ -169,12 +179,15 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame) -> None:
     try:
         name, version = register_model(best["run_id"], sweep.register, sweep.tracking_uri,
                                        description=f"best of sweep '{sweep.name}' by {metric} ({mode}): "
-                                                   f"{best['label']}, {metric} = {best[metric]:.4f}")
+                                                   f"{best['label']}, {metric} = {best[metric]:.4f}"
+                                                   + (" (chosen on the test split: its test scores are optimistic)"
+                                                      if metric in TEST_METRICS else ""))
     except ValueError as err:
         print(f"--register: {err}", file=sys.stderr)
         return
     print(f"Registered the best trial by {metric} ({best['label']}, {best[metric]:.4f}) as model "
-          f"'{name}' version {version}")
+          f"'{name}' version {version}" + (" (chosen on the test split: its test scores are optimistic)"
+                                           if metric in TEST_METRICS else ""))
 
 
 def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport], grid: Any = None) -> int:
@@ -205,7 +218,7 @@ def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], Study
                        tracking_uri=sweep.tracking_uri)
     published = publish_report(sweep)
     if sweep.register:
-        _register_best(sweep, trials)
+        _register_best(sweep, trials, parent.children())
     bad = trials[trials["status"].isin(["failed", "running", "interrupted"])]
     expected = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
     left = expected - int(trials["status"].isin(["finished", "diverged", "stopped_early"]).sum()) - len(bad)

@@ -27,6 +27,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from mocolab.config import absolute_paths, build_config
 from mocolab.training.lock import NameLock
 from mocolab.config.code_fingerprint import code_fingerprint
+from mocolab.method.plugins import method_modules
 from mocolab.config.storage import is_uri
 from mocolab.tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
                         resolve_tracking_uri, source_tags)
@@ -279,6 +280,15 @@ def _rerun_lost(grid: Any, sweep: Sweep, parent: SweepRun, conc: int, cpus: floa
     return grid
 
 
+def sweep_code(sweep: Sweep):
+    """The code fingerprint the sweep's trials are trained by: the package's, with the modules of any plugin
+    method a trial names (as ``fit`` keys each run), so a plugin sweep run again finds its done trials."""
+    modules: set[str] = set()
+    for t in sweep.trials or [Trial("", {})]:
+        modules.update(method_modules(build_config(sweep.preset, {**sweep.base_overrides, **t.overrides})))
+    return code_fingerprint(extra=tuple(sorted(modules)))
+
+
 def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, stop: Stopper | None,
            lines: SweepProgress, progress: Callable[[str], None], only: set[str] | None = None):
     """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials, or of those
@@ -317,7 +327,7 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, 
     # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
     # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
     # a trial made by other code runs again, unless the sweep reuses whatever code made it
-    done = parent.done_labels(code=None if sweep.reuse_other_code else code_fingerprint().digest)
+    done = parent.done_labels(code=None if sweep.reuse_other_code else sweep_code(sweep).digest)
     remaining = [t for t in sweep.trials if t.label not in done and (only is None or t.label in only)]
     if done and only is None:
         progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")

@@ -3,6 +3,10 @@
     python experiments/momentum_ablation.py --preset cpu-quick --seeds 2
     ray job submit --working-dir . -- python experiments/momentum_ablation.py --preset smoke
     mocolab study momentum --preset smoke                      # the same, from an installed mocolab
+
+Its closing table reads as the reproduction does: each m beside the random-init encoder of the same seed (the
+network its trials start from, untrained) and the raw pixels, and each m against the paper's m = 0.999 by paired
+t-tests across seeds, Holm-corrected.
 """
 
 import argparse
@@ -10,7 +14,7 @@ import sys
 
 from mocolab.config.flags import parse_checked
 from mocolab.tune import Trial
-from mocolab.tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
+from mocolab.tune.study import Sweep, make_sweep, momenta_of, run_study, seeds_of, study_parser
 
 PAPER_TEXT = {0.0: "fail"}  # the paper's m = 0 did not train; values it did not run print as —
 
@@ -19,6 +23,11 @@ def parser() -> argparse.ArgumentParser:
     """The study's flags, apart from main so that they are read (every number's range checked) without a run."""
     p = study_parser(__doc__.splitlines()[0], "momentum")
     p.add_argument("--momenta", default="0,0.5,0.9,0.99,0.999,0.9999", help="comma-separated values of m")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="leave out the random-init encoder and raw pixels the table shows beside the arms (measured "
+                        "here after the sweep, on this process's device: seconds a seed at the CPU presets, long "
+                        "for a GPU preset on a driver without one, where `mocolab baselines --name <sweep's name>` "
+                        "can measure them elsewhere first: a study without this flag reads those)")
     return p
 
 
@@ -36,24 +45,26 @@ def main(argv: list[str] | None = None) -> int:
                        f"preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
-        from mocolab.analysis import fmt_mean_std, summarise, welch_t
-        from mocolab.analysis.momentum_plots import PAPER_MOMENTUM, momentum_plot
+        from mocolab.analysis.momentum_plots import PAPER_MOMENTUM, baseline_frame, momentum_plot, momentum_table
 
-        table = summarise(trials_df, "moco.m")
-        table["paper"] = [PAPER_TEXT.get(m, PAPER_MOMENTUM.get(m)) for m in table["moco.m"]]
-        lines = [f"{'m':>7} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'final loss':>10} {'status':>10} "
-                 f"{'half-life':>9} {'staleness':>9} {'paper':>6}"]
-        for _, r in table.iterrows():
-            lines.append(f"{r['moco.m']:>7g} {fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
-                         f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {r.final_loss:>10.3f} "
-                         f"{r.status:>10} {r.ema_half_life:>9.1f} {r.max_staleness:>9.0f} "
-                         f"{'—' if r.paper is None else r.paper!s:>6}")
-        by_m = {m: 100 * g.loc[g.status == 'finished', 'linear_top1'] for m, g in trials_df.groupby('params.moco.m')}
-        test = welch_t(by_m.get(0.9, []), by_m.get(0.999, []))
-        if test is not None:
-            lines.append(f"Welch t-test, linear top-1 at m=0.9 vs m=0.999: t = {test[0]:.2f}, p = {test[1]:.3g}")
-        figure = momentum_plot(table, PAPER_MOMENTUM, out_dir / "momentum.png")
-        return "\n".join(lines), figure, table
+        seeds_run = sorted({int(s) for s in trials_df["params.run.seed"].dropna()})
+        baselines, note = ([], "--no-baselines") if args.no_baselines else random_init(sweep, seeds_run)
+        text, table = momentum_table(trials_df, baseline_frame(baselines), {**PAPER_MOMENTUM, **PAPER_TEXT}, note)
+        figure = momentum_plot(table, PAPER_MOMENTUM, out_dir / "momentum.png", baseline_frame(baselines))
+        return text, figure, table
 
     return run_study(sweep, report)
 
+
+def random_init(sweep: Sweep, seeds: list[int]) -> tuple[list, str]:
+    """(the random-init encoder of each seed and the raw pixels, scored as the trials are; why none): measured
+    once and logged as ``mocolab baselines`` does, in the set named as the sweep, so a resumed study, and the
+    reproduction that measured them first, reads them back instead (seconds a seed)."""
+    from mocolab.repro.baseline_runs import log_baselines
+
+    overrides = [f"{k}={v}" for k, v in sweep.base_overrides.items()]  # the trials' --config and --set values
+    try:
+        return log_baselines(sweep.name, sweep.preset, overrides, seeds, tracking_uri=sweep.tracking_uri), ""
+    except ValueError as err:  # a set of that name scored otherwise: the table goes on without it, saying why
+        print(f"baselines: {err}", file=sys.stderr)
+        return [], str(err)

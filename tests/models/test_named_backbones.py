@@ -1,0 +1,207 @@
+"""Backbones by name (models/named.py): any timm or torchvision classification model, ``model.backbone=timm:NAME``
+or ``tv:NAME``, built untrained for the data's channels and image side, refused at validation when unknown."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_concurrently, thread_share_env
+from torch import nn
+
+from mocolab.config import build_config
+from mocolab.data.image_index import write_imagefolder
+from mocolab.data.sets import _synthetic, fashion_mnist_dir
+from mocolab.method.batchnorm import SplitBatchNorm2d
+from mocolab.models import backbones, named
+from mocolab.models.backbones import build_encoder
+from mocolab.models.named import build_named
+
+pytest.importorskip("timm")  # the `timm` extra; `make test` installs it (dev)
+
+SYNTHETIC = {"data.name": "synthetic", "data.subset": None}
+
+
+def _stride(conv: nn.Conv2d) -> tuple[int, int]:
+    return tuple(conv.stride), tuple(conv.kernel_size)
+
+
+# name, channels, side, feature width, the stem as (stride, kernel) or a ViT's token grid
+SMALL = [
+    ("timm:resnet18", 1, 28, 512), ("timm:resnet18", 3, 64, 512), ("tv:resnet18", 1, 28, 512),
+    ("tv:resnet18", 3, 64, 512), ("timm:convnext_atto", 1, 28, 320), ("timm:convnext_atto", 3, 64, 320),
+    ("timm:vit_tiny_patch16_224", 1, 28, 192), ("timm:vit_tiny_patch16_224", 3, 64, 192),
+    # torchvision's smallest ConvNeXt and ViT are ImageNet's Tiny and Base (28M and 86M parameters): seconds
+    pytest.param("tv:convnext_tiny", 1, 28, 768, marks=pytest.mark.slow),
+    pytest.param("tv:vit_b_16", 1, 28, 768, marks=pytest.mark.slow),
+]
+
+
+def _first_stage_input(name: str, net: nn.Module) -> tuple:
+    """What the small-image adaptation changed: the stem convolution's (stride, kernel), or a ViT's patch side."""
+    if name.endswith("resnet18"):
+        assert isinstance(net.maxpool, nn.Identity)
+        return _stride(net.conv1)
+    if name == "timm:convnext_atto":
+        return _stride(net.stem[0])
+    if name == "tv:convnext_tiny":
+        return _stride(net.features[0][0])
+    if name.startswith("timm:vit"):
+        return tuple(net.patch_embed.proj.kernel_size)
+    return (net.patch_size,) * 2  # torchvision's ViT
+
+
+@pytest.mark.parametrize("name, channels, side, width", SMALL)
+def test_small_images_get_their_family_s_stem_and_the_model_s_feature_width(name, channels, side, width):
+    torch.manual_seed(0)
+    backbone = build_named(name, channels, side)
+    assert backbone.out_dim == width
+    stem = _first_stage_input(name, backbone.net)
+    if "vit" in name:
+        assert stem == (4, 4) if side <= 32 else (8, 8)  # vision_transformer.default_patch_size
+    else:
+        assert stem == ((1, 1), (3, 3))  # a 3×3 stride-1 stem in place of the 7×7/2 (+ max-pool) or 4×4/4
+    first = next(m for m in backbone.modules() if isinstance(m, nn.Conv2d))  # what the training monitor reads
+    assert first.in_channels == channels
+    backbone.eval()
+    with torch.no_grad():
+        assert backbone(torch.rand(2, channels, side, side)).shape == (2, width)
+
+
+def test_the_encoder_around_a_named_backbone_splits_its_batch_norm_and_trains_under_bf16():
+    torch.manual_seed(0)
+    enc = build_encoder("timm:resnet18", 1, head="mlp", dim=16, bn_groups=2, image_size=28)
+    assert enc.head[0].in_features == enc.backbone.out_dim == 512
+    bns = [m for m in enc.backbone.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert bns and all(isinstance(m, SplitBatchNorm2d) and m.groups == 2 for m in bns)
+    x = torch.rand(4, 1, 28, 28)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = enc(x)
+    assert z.shape == (4, 16)
+    z.float().square().mean().backward()
+    assert enc.backbone.net.conv1.weight.grad is not None
+    # ConvNeXt normalises with LayerNorm: nothing to split, and it builds all the same
+    convnext = build_encoder("timm:convnext_atto", 1, head="linear", dim=16, bn_groups=2, image_size=28)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in convnext.modules())
+    assert convnext(torch.rand(4, 1, 28, 28)).shape == (4, 16)
+
+
+def test_unknown_names_are_refused_at_validation_with_the_closest_ones_before_any_work(tmp_path, monkeypatch):
+    import timm
+
+    import mocolab
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(timm, "create_model", no_model)
+    monkeypatch.setattr(backbones, "build_named", no_model)
+    monkeypatch.chdir(tmp_path)
+    for value, closest in (("timm:resnet181", "timm:resnet18"), ("tv:resnt18", "tv:resnet18"),
+                           ("timm:convnext_atoo", "timm:convnext_atto")):
+        with pytest.raises(ValueError, match=rf"^model.backbone: unknown model '{value}'; closest: .*{closest}\b"):
+            build_config("smoke", {"model.backbone": value})
+        with pytest.raises(ValueError, match="^model.backbone: unknown model"):
+            mocolab.train("smoke", {"model.backbone": value})
+    with pytest.raises(ValueError, match=r"model.backbone: unknown value 'tim:resnet18'; choose one of .*'timm:NAME'"):
+        build_config("smoke", {"model.backbone": "tim:resnet18"})
+    assert list(tmp_path.iterdir()) == []  # no store, no run folder: nothing started
+    # the built-in five keep their names and their own checks
+    assert build_config("smoke", {"model.backbone": "resnet18"}).model.backbone == "resnet18"
+
+
+def test_families_without_a_small_image_adaptation_are_refused_on_small_images_only():
+    with pytest.raises(ValueError, match=r"model.backbone: 'timm:mobilenetv3_small_050' \(timm.models.mobilenetv3\) "
+                                         r"has no small-image adaptation, and the images are 28 px"):
+        build_config("smoke", {"model.backbone": "timm:mobilenetv3_small_050"})
+    with pytest.raises(ValueError, match="'tv:mobilenet_v3_small' .* has no small-image adaptation"):
+        build_config("smoke", {**SYNTHETIC, "model.backbone": "tv:mobilenet_v3_small", "data.image_size": 96})
+    with pytest.raises(ValueError, match="cuts 30 px images into 4 px patches.*a multiple of 4"):
+        build_config("smoke", {**SYNTHETIC, "model.backbone": "timm:vit_tiny_patch16_224", "data.image_size": 30})
+    with pytest.raises(ValueError, match="cuts 100 px images into 16 px patches"):  # torchvision's ViT: its own 16
+        build_config("smoke", {**SYNTHETIC, "model.backbone": "tv:vit_b_16", "data.image_size": 100})
+    cfg = build_config("smoke", {**SYNTHETIC, "model.backbone": "timm:mobilenetv3_small_050", "data.image_size": 128})
+    assert cfg.image_size == 128  # above 96 px any model is taken as its library builds it
+
+
+def test_large_images_take_any_model_and_timm_s_batchnorm_act_unfolds_unchanged():
+    import timm
+
+    torch.manual_seed(0)
+    raw = timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=0, in_chans=1).eval()
+    torch.manual_seed(0)
+    backbone = build_named("timm:mobilenetv3_small_050", 1, 128).eval()
+    assert not any(type(m).__name__ == "BatchNormAct2d" for m in backbone.modules())
+    x = torch.rand(2, 1, 128, 128)
+    with torch.no_grad():
+        assert torch.allclose(backbone(x), raw(x), atol=1e-6)  # the same network, its BN now moco.bn's to convert
+    assert backbone(x).shape == (2, backbone.out_dim) == (2, raw.head_hidden_size)  # not num_features: a conv head
+    tv = build_named("tv:mobilenet_v3_small", 3, 128).eval()
+    with torch.no_grad():
+        assert tv(torch.rand(2, 3, 128, 128)).shape == (2, tv.out_dim) == (2, 1024)
+    with pytest.raises(ValueError, match="'tv:mobilenet_v3_small' takes 3-channel images.*timm:NAME adapts"):
+        build_named("tv:mobilenet_v3_small", 1, 128)
+
+
+def test_a_timm_name_without_timm_says_what_to_install(monkeypatch):
+    named._catalogue.cache_clear()
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` now fails as if it were not installed
+    try:
+        with pytest.raises(ValueError, match=r"model.backbone: timm models need the timm package, which is not "
+                                             r"installed here: pip install 'mocolab\[timm\]'"):
+            build_config("smoke", {"model.backbone": "timm:resnet18"})
+        assert build_config("smoke", {"model.backbone": "tv:resnet18"}).model.backbone == "tv:resnet18"
+    finally:
+        named._catalogue.cache_clear()
+
+
+def _image_folder(root: Path, n: int, side: int) -> Path:
+    """A 3-channel imagefolder (train/ and val/, 10 classes) of generated side×side images."""
+    for split, count, seed in (("train", n, 0), ("val", n // 4, 1)):
+        ds = _synthetic(count, side, seed)
+        write_imagefolder(ds.images.expand(-1, 3, -1, -1), ds.labels % 10, root, split)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
+def test_mocolab_train_trains_timm_and_torchvision_resnet18_on_fashion_mnist_and_a_64_px_folder(tmp_path):
+    """Issue 52's done-when for backbones, as a user types it: `mocolab train --preset smoke --set
+    model.backbone=timm:resnet18` (and tv:resnet18), two steps each. On Fashion-MNIST (1×28×28) the whole path:
+    Ray Train in this process, MLflow, the encoder exported as a model; on a 64-px folder (3×64×64, the
+    small-image stem at its largest cost) the loop alone (--in-process)."""
+    folder = _image_folder(tmp_path / "folder64", 64, 64)
+    tiny = ["--set", "optim.max_steps=2", "--set", "eval.linear_steps=3", "--set", "run.system_metrics_s=0"]
+    data = {"fmnist": ["--set", "data.subset=128", "--set", "optim.batch_size=16", "--set", "queue.size=32",
+                       "--set", "eval.knn_bank=32", "--set", "eval.knn_test=16", "--set", "eval.linear_train=32",
+                       "--set", "eval.linear_test=16"],
+            "folder": ["--in-process", "--set", "data.name=imagefolder", "--set", f"data.root={folder}", "--set",
+                       "data.subset=null", "--set", "optim.batch_size=8", "--set", "queue.size=16", "--set",
+                       "eval.knn_bank=16", "--set", "eval.knn_test=8", "--set", "eval.linear_train=16", "--set",
+                       "eval.linear_test=8"]}
+    mocolab = str(Path(sys.executable).with_name("mocolab"))
+    runs, commands, places = [], [], []
+    for backbone in ("timm:resnet18", "tv:resnet18"):
+        for where, args in data.items():
+            work = tmp_path / f"{backbone.replace(':', '-')}-{where}"
+            work.mkdir()
+            runs.append((backbone, where))
+            commands.append([mocolab, "train", "--preset", "smoke", "--set", f"model.backbone={backbone}", *args,
+                             *tiny])
+            places.append({"cwd": work})
+    # run_concurrently starts one command per core: one thread each, unless the suite's worker has a share
+    env = {**os.environ, "MOCOLAB_MAX_THREADS": "1", "OMP_NUM_THREADS": "1", **thread_share_env(),
+           "PYTHONWARNINGS": "ignore"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    results = run_concurrently(commands, places, env=env, timeout=900)
+    for (backbone, where), res in zip(runs, results):
+        assert res.returncode == 0, (backbone, where, res.stdout[-2000:], res.stderr[-3000:])
+        assert f"{backbone}, m=0.99" in res.stdout and "2 steps" in res.stdout, (backbone, where, res.stdout[-2000:])
+        if where == "fmnist":
+            assert "finished: linear top-1" in res.stdout and "encoder logged as models:/" in res.stdout, \
+                (backbone, res.stdout[-2000:])
+        else:
+            assert "imagefolder (64 train" in res.stdout and "linear top-1" in res.stdout, res.stdout[-2000:]

@@ -1,0 +1,152 @@
+"""The reproduction's verdict rules (repro/claims.py, analysis/verdicts.py) on synthetic results: each of the four
+verdicts comes out where its rule says, the budget and "learning is plain" rules apply, and the rules' stated
+numbers cannot change without this file changing too."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from mocolab.analysis.stats import beyond_p, detectable, equivalence_p, interval, paired
+from mocolab.analysis.verdicts import (EQUAL, FAILS, GREATER, INCONCLUSIVE, NOT_REPRODUCED, NOT_TESTABLE, NOT_YET,
+                                       REPRODUCED, REVERSED, judge)
+from mocolab.repro import claims
+from mocolab.repro.document import write
+from mocolab.repro.judging import judge_claim, judge_study
+from mocolab.repro.plan import study
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+NOISE = np.random.default_rng(0).standard_normal((4, 5))  # one fixed draw: the same CSVs every run
+
+
+def test_the_rules_stated_before_the_runs_are_the_ones_applied():
+    """Changing a rule is a change here too: the numbers the document states, and the pilot they come from."""
+    assert (claims.ALPHA, claims.POWER, claims.HALF_LIVES) == (0.05, 0.8, 5)
+    assert claims.MARGINS == {"linear_top1": 0.01, "pretext_acc": 0.05}
+    assert (claims.PLAIN_MOMENTUM_ARM, claims.PLAIN_KNN, claims.PLAIN_LINEAR) == ("0.99", 0.05, 0.03)
+    pilot = pd.read_csv(REPO / "results" / "pilot" / "margin.csv", comment="#")
+    assert len(pilot) == 5 and pilot["learned"].mean() == pytest.approx(claims.LEARNED, abs=5e-5)
+    assert claims.MARGINS["linear_top1"] == round(claims.LEARNED / 3, 2)  # a third of what there is to learn
+    assert claims.steps_needed((0.99, 0.999)) == pytest.approx(5 * math.log(0.5) / math.log(0.999))
+    assert round(claims.steps_needed((0.999, 0.9999))) == 34_656 and claims.steps_needed((0.0, 0.9)) < 35
+    assert claims.half_life(0.0) == 0 and claims.half_life(1.0) == math.inf
+
+
+def test_the_one_sided_equivalence_and_power_figures_are_the_textbook_ones():
+    diffs = [0.001, -0.002, 0.0005, 0.0015, -0.001]
+    iv = interval(diffs)
+    se = iv.std / math.sqrt(5)
+    assert beyond_p(iv, 0.01, above=False) == pytest.approx(sps.t.cdf((iv.mean - 0.01) / se, 4))
+    assert beyond_p(iv, -0.01, above=True) == pytest.approx(sps.t.sf((iv.mean + 0.01) / se, 4))
+    assert equivalence_p(iv, 0.01) == max(beyond_p(iv, -0.01, above=True), beyond_p(iv, 0.01, above=False))
+    assert math.isnan(beyond_p(interval([0.1]), 0.01, above=False))
+    # the detectable effect: a simulated paired t-test finds it 80 % of the time (noncentral t, not z)
+    effect = detectable(1.0, 5, 0.05)
+    rng = np.random.default_rng(1)
+    x = rng.normal(effect, 1.0, (100_000, 5))
+    t = x.mean(1) / (x.std(1, ddof=1) / math.sqrt(5))
+    assert abs((np.abs(t) > sps.t.ppf(0.975, 4)).mean() - 0.8) < 0.01
+    # three seeds in a family of nineteen: an effect of many standard deviations goes unseen
+    assert detectable(1.0, 3, 0.05 / 19) > 10 * detectable(1.0, 5, 0.05) / 2 > 5
+    assert detectable(0.0, 5, 0.05) == 0 and math.isnan(detectable(1.0, 1, 0.05))
+
+
+def _seeded(mean: float, sd: float, row: int, n: int = 5) -> dict[int, float]:
+    return {s: 0.85 + mean + sd * NOISE[row, s] for s in range(n)}
+
+
+def _comparison(delta: float, sd: float, n: int = 5, row: int = 0):
+    base = _seeded(0.0, 0.002, 3, n)
+    return paired({s: base[s] + delta + sd * NOISE[row, s] for s in base}, base, ("a", "b"))
+
+
+@pytest.mark.parametrize("kind, delta, sd, n, verdict", [
+    (GREATER, +0.02, 0.002, 5, REPRODUCED),  # significant in the paper's direction
+    (GREATER, -0.02, 0.002, 5, REVERSED),  # significant against it
+    (GREATER, 0.0, 0.001, 5, NOT_REPRODUCED),  # no effect, and the seeds exclude one of a point
+    (GREATER, 0.005, 0.03, 3, INCONCLUSIVE),  # too noisy to tell either way
+    (EQUAL, 0.0, 0.001, 5, REPRODUCED),  # the equivalence test excludes a point either way
+    (EQUAL, 0.03, 0.002, 5, NOT_REPRODUCED),  # a clear difference
+    (EQUAL, 0.0, 0.03, 3, INCONCLUSIVE),
+    (FAILS, -0.04, 0.005, 5, REPRODUCED),  # no better than its start: below it
+    (FAILS, +0.03, 0.002, 5, REVERSED),  # it learned more than the margin
+    (FAILS, 0.0, 0.04, 3, INCONCLUSIVE),
+])
+def test_each_kind_of_claim_comes_out_as_its_rule_says(kind, delta, sd, n, verdict):
+    (j,) = judge([_comparison(delta, sd, n)], kind, 0.01)
+    assert j.verdict == verdict, (j.comparison, j.p_equivalence)
+    assert j.family_size == 1 and j.detectable > 0
+
+
+def test_a_family_is_corrected_together_and_an_untestable_or_unrun_comparison_stays_out_of_it():
+    comps = [_comparison(0.004, 0.003, row=0), _comparison(0.004, 0.003, row=1), _comparison(0.0, 0.0, n=1),
+             _comparison(0.02, 0.002, row=2)]
+    alone = judge(comps[:1], GREATER, 0.01)[0]
+    family = judge(comps, GREATER, 0.01, testable=[True, True, True, False])
+    assert [j.family_size for j in family] == [2, 2, 2, 2]
+    assert family[0].comparison.p_holm >= alone.comparison.p_holm
+    assert family[0].detectable > alone.detectable  # the stricter level of a larger family
+    assert family[2].verdict == NOT_YET and family[3].verdict == NOT_TESTABLE
+    with pytest.raises(ValueError, match="margin"):
+        judge(comps, GREATER, 0.0)
+    with pytest.raises(ValueError, match="kind"):
+        judge(comps, "bigger", 0.01)
+
+
+def _rows(name: str, arms: dict[str, dict[int, float]], pretext: float = 0.3) -> pd.DataFrame:
+    rows = [{"study": name, "arm": arm, "seed": s, "status": "finished", "linear_top1": v, "knn_top1": v - 0.06,
+             "final_loss": 7.0, "pretext_acc": pretext, "run_id": f"{arm}-{s}"} for arm, by in arms.items()
+            for s, v in by.items()]
+    rows += [{"study": name, "arm": "random-init", "seed": s, "status": "finished", "linear_top1": 0.847,
+              "knn_top1": 0.70, "run_id": f"init-{s}"} for s in range(5)]
+    rows.append({"study": name, "arm": "raw-pixels", "seed": math.nan, "status": "finished", "linear_top1": 0.838,
+                 "knn_top1": 0.72, "run_id": "pixels"})
+    frame = pd.DataFrame(rows)
+    for col in ("commit", "dirty", "precision", "torch", "device", "data"):
+        frame[col] = {"precision": "bf16", "dirty": "false"}.get(col, "x")
+    return frame
+
+
+def test_synthetic_csvs_come_out_reproduced_reversed_not_reproduced_and_inconclusive_in_the_document(tmp_path):
+    q = study("queue-cpu-full")
+    arms = {"16384": _seeded(0.030, 0.001, 0), "256": _seeded(0.010, 0.001, 1),  # 16384 > 256: reproduced
+            "1024": _seeded(0.045, 0.001, 2),  # 16384 < 1024: reversed
+            "4096": _seeded(0.030, 0.0004, 3)}  # the same as 16384 within a tenth of a point: not reproduced
+    results = tmp_path / "results"
+    results.mkdir()
+    _rows(q.name, arms).to_csv(results / f"{q.name}.csv", index=False)
+    doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures").markdown
+    line = next(x for x in doc.splitlines() if x.startswith("- *a larger dictionary is better"))
+    assert "one Holm family of 3" in line
+    assert "`16384` > `256`: **reproduced**" in line and "`16384` > `1024`: **reversed**" in line
+    assert "`16384` > `4096`: **not reproduced**" in line
+    assert "| 16384 > 256 (linear top-1) | a larger dictionary is better" in doc and "detectable at 80 % power" in doc
+    assert "## How a claim is judged" in doc and "**inconclusive**" in doc  # the rules, stated on the page
+    assert "Learning is plain at this budget" in doc and "**met**" in doc
+    assert "Where this data set limits the claim: Fashion-MNIST has 10 classes" in doc
+    # three noisy seeds cannot tell: inconclusive, and the page says so (no "not reproduced")
+    noisy = {"16384": _seeded(0.030, 0.02, 0, n=3), "256": _seeded(0.025, 0.02, 1, n=3)}
+    _, judged, _, _ = judge_study(q, _rows(q.name, noisy), q.steps())
+    verdicts = {pair: j for pair, j in judged[0][1]}
+    j = verdicts[("16384", "256")]
+    assert j.verdict == INCONCLUSIVE and j.detectable > 0.01 and j.family_size == 1
+    assert verdicts[("16384", "1024")].verdict == NOT_YET  # planned, not run: outside the family
+
+
+def test_a_momentum_claim_needs_five_half_lives_of_the_larger_m_and_a_budget_below_the_bar_is_provisional():
+    m = study("momentum-cpu-full")
+    frame = _rows(m.name, {"0.99": _seeded(0.03, 0.001, 0), "0.999": _seeded(0.02, 0.001, 1)})
+    claim = next(c for c in claims.MOMENTUM.claims if c.pairs == (("0.999", "0.99"),))
+    ((_, short),) = judge_claim(claim, m, frame, 2_140)
+    ((_, long),) = judge_claim(claim, m, frame, 3_465)
+    assert short.verdict == NOT_TESTABLE and long.verdict == REVERSED
+    # a budget where m = 0.99 is not 5 kNN points above its start: every verdict is provisional
+    weak = frame.assign(knn_top1=frame["linear_top1"] - 0.14)
+    _, _, _, plain = judge_study(m, weak, 3_465)
+    assert plain.met is False and "provisional" in plain.line
+    _, _, _, plain = judge_study(m, frame, 3_465)
+    assert plain.met is True
