@@ -113,7 +113,7 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
     spec = grid_sweep(points, preset=preset, seeds=range(first_seed, first_seed + seeds),
                       overrides={**fields, **_overrides(overrides)}, name=name, experiment=experiment or EXPERIMENT,
                       search=search, samples=samples, **flags)
-    check_sweep(spec)
+    check_sweep(spec)  # bad input raises here: run_study takes a checked sweep
     from mocolab.tune.study import run_study
 
     code = run_study(spec, grid_report(list(points)))

@@ -144,6 +144,9 @@ COMBOS = {
     "v3": {"moco.version": "v3"},
     "memory bank": {"moco.negatives": "memory_bank"},
     "in-batch": {"moco.negatives": "in_batch"},
+    "symmetric loss": {"moco.symmetric": True},
+    "symmetric loss, shuffle BN, sharded queue": {"moco.symmetric": True, "moco.bn": "shuffle",
+                                                  "queue.layout": "sharded"},
 }
 
 

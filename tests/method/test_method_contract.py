@@ -1,9 +1,9 @@
 """The contract of a method (method/protocol.py), checked on every registered one: what a new method must pass.
 
 Each method is built by ``build_method`` from the smoke preset on tiny synthetic images (a 4-wide convnet,
-16 px, a batch of 8), as the Trainer builds it, and driven by hand: the four built-ins, and every plugin
-installed in this environment (entry point group ``mocolab.methods``; the suite installs
-examples/plugins/mocolab-byol), named by ``method.name``.
+16 px, a batch of 8), as the Trainer builds it, and driven by hand: the four built-ins, mocolab's own methods
+named by ``method.name`` (the supervised bound), and every plugin installed in this environment (entry point
+group ``mocolab.methods``; the suite installs examples/plugins/mocolab-byol), named by ``method.name`` too.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from mocolab.config.choices import NEGATIVE_SOURCES, VERSIONS
 from mocolab.config import build_config
 from mocolab.training.build import encoder_factory
 from mocolab.method.protocol import MethodParts
-from mocolab.method.plugins import installed
+from mocolab.method.plugins import OWN, installed
 from mocolab.method.registry import METHODS, build_method, method_name
 
 B, SIZE, CHANNELS = 8, 16, 1
 TINY = {"data.name": "synthetic", "data.synthetic_size": 64, "data.image_size": SIZE, "model.width": 4,
         "model.dim": 16, "queue.size": 32, "optim.batch_size": B}
-PLUGINS = sorted(installed())
-ALL = sorted(METHODS) + PLUGINS  # the built-ins, then the installed plugins
+CLASSES = 10  # of the labels a method trained with them reads (MethodParts.labels)
+PLUGINS = sorted(OWN) + sorted(installed())  # what method.name names: mocolab's own, then the installed plugins
+ALL = sorted(METHODS) + PLUGINS  # the built-ins, then those
 
 
 def _config(name: str):
@@ -38,7 +39,9 @@ def _config(name: str):
 def _build(name: str, seed: int = 0):
     cfg = _config(name)
     torch.manual_seed(seed)  # the encoder's initial weights (the Trainer seeds the init stream here)
-    parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B)
+    labels = torch.arange(cfg.train_size) % CLASSES  # the training set's, by position (the Trainer: the source's)
+    parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B,
+                        labels=labels, classes=CLASSES)
     return build_method(cfg, parts)
 
 
@@ -63,8 +66,8 @@ def test_every_version_and_source_of_negatives_the_config_accepts_names_a_method
 
 def test_the_suite_checks_a_plugin_too():
     """make setup-test installs the example plugin: without it the contract below would cover built-ins only."""
-    assert "byol" in PLUGINS
-    assert method_name(_config("byol")) == "byol"
+    assert "byol" in PLUGINS and "supervised" in PLUGINS
+    assert method_name(_config("byol")) == "byol" and method_name(_config("supervised")) == "supervised"
 
 
 @pytest.mark.parametrize("name", ALL)

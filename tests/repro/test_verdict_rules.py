@@ -150,3 +150,43 @@ def test_a_momentum_claim_needs_five_half_lives_of_the_larger_m_and_a_budget_bel
     assert plain.met is False and "provisional" in plain.line
     _, _, _, plain = judge_study(m, frame, 3_465)
     assert plain.met is True
+
+
+def test_a_control_borrows_its_comparison_arms_and_reads_alike_different_or_inconclusive(tmp_path):
+    sym, neg = study("symmetric-cpu-full"), study("negatives-cpu-full")
+    assert set(sym.borrowed) | {sym.reference} <= set(neg.arms) and sym.reference_from == neg.name
+    results = tmp_path / "results"
+    results.mkdir()
+    # the symmetric loss: within a tenth of a point of the queue arm; the in-batch arm 3 points lower
+    _rows(sym.name, {"queue fifo symmetric m=0.999": _seeded(0.030, 0.0004, 0)}).to_csv(
+        results / f"{sym.name}.csv", index=False)
+    _rows(neg.name, {"queue fifo m=0.999": _seeded(0.030, 0.0004, 1), "in batch": _seeded(0.0, 0.001, 2),
+                     "memory bank": _seeded(-0.05, 0.001, 3)}).to_csv(results / f"{neg.name}.csv", index=False)
+    doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures").markdown
+    section = doc[doc.index(f"## {sym.title}"):]
+    section = section[:section.index("\n## ")]
+    assert "read from the study `negatives-cpu-full`, with its settings (its section): `queue fifo m=0.999`, " \
+           "`in batch`" in section and "memory bank" not in section  # only the named arms are borrowed
+    first = next(x for x in section.splitlines() if x.startswith("- *Control (no paper claim): the symmetric loss"))
+    assert "**alike (within the margin)**" in first
+    second = next(x for x in section.splitlines() if x.startswith("- *Control (no paper claim): what remains"))
+    assert "**different: queue fifo symmetric m=0.999 higher**" in second
+
+
+def test_the_supervised_bound_is_the_top_of_the_scale_of_the_sections_at_its_budget_only(tmp_path):
+    sup, full, long = study("supervised-cpu-full"), study("momentum-cpu-full"), study("momentum-long-cpu-full")
+    results = tmp_path / "results"
+    results.mkdir()
+    _rows(sup.name, {"supervised": {s: 0.917 for s in range(5)}}).to_csv(results / f"{sup.name}.csv", index=False)
+    arms = {"0.99": {s: 0.882 for s in range(5)}, "0.999": {s: 0.877 for s in range(5)}}
+    for s in (full, long):
+        _rows(s.name, arms).assign(ema_half_life=69.0, queue_size=16384).to_csv(results / f"{s.name}.csv",
+                                                                                 index=False)
+    doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures").markdown
+    # random-init 84.70, best 88.20, labels 91.70: half the gap
+    line = ("What there is to learn at this budget (linear top-1, means over seeds): the random-init encoder 84.70, "
+            "the best arm (`0.99`) 88.20, the supervised bound 91.70 (`supervised-cpu-full`, 5 seeds")
+    sections = {s.name: doc[doc.index(f"## {s.title}"):].split("\n## ")[0] for s in (sup, full, long)}
+    assert line in sections[full.name] and "closes 50 % of the gap" in sections[full.name]
+    assert line not in sections[long.name]  # 3,638 steps, not the bound's 2,140
+    assert "What there is to learn" not in sections[sup.name] and "No paper claim: the scale." in sections[sup.name]

@@ -139,10 +139,11 @@ def _momentum_baselines(seeds: int = 4) -> list[Baseline]:
 
 def _momentum_report(tmp_path: Path, monkeypatch, argv: list[str], baselines: list[Baseline]):
     """The momentum study's own report function, as run_study would call it, with the given baselines."""
+    from mocolab.tune import study
     from mocolab.tune.studies import momentum
 
     held = {}
-    monkeypatch.setattr(momentum, "run_study", lambda sweep, report: held.update(report=report) or 0)
+    monkeypatch.setattr(study, "run_study", lambda sweep, report: held.update(report=report) or 0)
     monkeypatch.setattr(momentum, "random_init", lambda sweep, seeds: (baselines, ""))
     assert momentum.main(["--preset", "smoke", "--storage", str(tmp_path), *argv]) == 0
     return held["report"]

@@ -68,6 +68,9 @@ class MocoConfig:
     # where negatives come from: queue (MoCo), memory_bank (one entry per image, Wu et al. 2018) or in_batch
     # (SimCLR's NT-Xent over the global batch); the last two have no key encoder, so moco.m is not used
     negatives: str = "queue"
+    # the queue arm (v1/v2) with a symmetric loss: q1 against k2 and q2 against k1, both against the queue,
+    # averaged; one view's keys are enqueued (method/moco.py).  v3 and in_batch are symmetric always.
+    symmetric: bool = False
 
 
 @dataclass

@@ -141,6 +141,7 @@ def validate(cfg: Config) -> Config:
 
     _check_method_fields(cfg)
     _check_negatives(cfg)
+    _check_symmetric(cfg)
     if cfg.uses_queue:  # the queue's own bounds (v3, a memory bank and in-batch read no queue.size)
         if q.size <= 0:
             raise ValueError(f"queue.size: {q.size} must be > 0")
@@ -237,6 +238,26 @@ def _check_negatives(cfg: Config) -> None:
         return
     _range("bank.momentum", b.momentum, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
     _range("bank.negatives", b.negatives, 0, allowed="0 (queue.size) or an integer >= 1")
+
+
+def _check_symmetric(cfg: Config) -> None:
+    """``moco.symmetric`` makes MoCo's queue arm (v1/v2) symmetric; every other method refuses it."""
+    mc = cfg.moco
+    if not mc.symmetric:
+        return
+    if cfg.method.name:
+        raise ValueError(f"moco.symmetric: applies to MoCo's queue (moco.negatives=queue), and method.name="
+                         f"{cfg.method.name} names another method; leave moco.symmetric false (a plugin's own "
+                         f"fields, method.{cfg.method.namespace}.*, say how its loss is built)")
+    if mc.version == "v3":
+        raise ValueError("moco.symmetric: moco.version=v3's loss is symmetric always; moco.symmetric=true applies "
+                         "to the queue of v1/v2 (leave it false with v3)")
+    if mc.negatives == "in_batch":
+        raise ValueError("moco.symmetric: moco.negatives=in_batch (NT-Xent) is symmetric already; "
+                         "moco.symmetric=true applies to moco.negatives=queue")
+    if mc.negatives != "queue":
+        raise ValueError(f"moco.symmetric: not supported with moco.negatives={mc.negatives}; "
+                         f"moco.symmetric=true applies to moco.negatives=queue")
 
 
 def _check_named_backbone(cfg: Config) -> None:

@@ -3,7 +3,9 @@
 f_q is trained by SGD; f_k is its exponential moving average, updated under
 ``no_grad`` before the key forward pass, never in an optimizer.  Negatives
 come from a FIFO queue of past keys.  ``forward`` reads as the paper's
-pseudo-code.  ``MoCoV3`` (Chen, Xie, He 2021) keeps the momentum encoder and
+pseudo-code; with ``symmetric`` (``moco.symmetric``) it also scores the second
+view's queries against the first view's keys, against the same queue, and
+averages the two directions.  ``MoCoV3`` (Chen, Xie, He 2021) keeps the momentum encoder and
 drops the queue: the other view's keys of the whole global batch are the
 dictionary, both views are queries, and a predictor sits on the query branch.
 
@@ -29,7 +31,7 @@ from mocolab.method.shuffle import build_shuffler
 from mocolab.method.collectives import gather_no_grad, rank_and_world
 from mocolab.method.losses import v3_info_nce
 from mocolab.method.shuffle import LocalShuffle, NoShuffle
-from mocolab.method.key_queue import KeyQueue
+from mocolab.method.key_queue import KeyQueue, KeySnapshot
 
 from mocolab.method.protocol import MethodOutput, MethodParts, encoder_autocast
 
@@ -93,7 +95,8 @@ class MoCo(nn.Module):
     negatives = "queue"  # where the negatives come from, as the diagnostics name it
 
     def __init__(self, encoder_q: nn.Module, queue: KeyQueue | None, m: float = 0.999, tau: float = 0.2,
-                 shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None) -> None:
+                 shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None,
+                 symmetric: bool = False) -> None:
         super().__init__()
         if not 0.0 <= m < 1.0:
             raise ValueError(f"moco.m: {m} is out of range; allowed [0, 1)")
@@ -107,6 +110,7 @@ class MoCo(nn.Module):
             p.requires_grad_(False)
         self.queue = queue
         self.m, self.tau = m, tau
+        self.symmetric = symmetric  # both views are queries (forward); v3 is symmetric in its own forward
         self.shuffler = shuffler if shuffler is not None else NoShuffle()
         # Encoders may run under bf16 autocast; embeddings, logits and the loss stay float32.
         self.encoder_dtype = encoder_dtype
@@ -120,7 +124,7 @@ class MoCo(nn.Module):
         queue = build_queue(q.layout, q.size, cfg.model.dim, parts.batch, generator=rng.generator("queue", seed),
                             policy=q.policy, seed=seed)
         return cls(encoder, queue, m=cfg.moco.m, tau=cfg.moco.tau, shuffler=_key_shuffler(cfg),
-                   encoder_dtype=parts.encoder_dtype)
+                   encoder_dtype=parts.encoder_dtype, symmetric=cfg.moco.symmetric)
 
     def _autocast(self, x: torch.Tensor):
         return encoder_autocast(x.device, self.encoder_dtype)
@@ -146,16 +150,33 @@ class MoCo(nn.Module):
         k = F.normalize(k.float(), dim=1)  # keys: N×C
         return self.shuffler.unshuffle(k, restore)
 
+    def compute_queries(self, im: torch.Tensor) -> torch.Tensor:
+        """Unit queries of one view, N×C (float32 whatever the encoder computes in)."""
+        with self._autocast(im):
+            q = self.encoder_q(im)
+        return F.normalize(q.float(), dim=1)
+
+    def contrast(self, q: torch.Tensor, k: torch.Tensor,
+                 negatives: KeySnapshot | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One direction: queries q with their positives k (N×C each) against the queue's K keys as
+        ``negatives`` took them (``KeyQueue.snapshot``; by default as they are now).  Returns (loss, correct N)."""
+        l_pos = (q * k).sum(dim=1, keepdim=True)  # N×1
+        return self.queue.contrast(q, l_pos, self.tau, negatives)  # N×K negatives, wherever they live
+
     def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
         """``index``: the batch's images in the training set, recorded with their keys (key drift)."""
         earlier = self.queue.snapshot()  # the keys of earlier steps: contrast fails if enqueue ran first
-        with self._autocast(im_q):
-            q = self.encoder_q(im_q)
-        q = F.normalize(q.float(), dim=1)  # queries: N×C
+        q = self.compute_queries(im_q)  # queries: N×C
+        # symmetric: the other view's queries in a forward of their own, so BN sees each view's batch alone
+        # as in the one-way loss
+        q2 = self.compute_queries(im_k) if self.symmetric else None
         self.momentum_update()
         k = self.compute_keys(im_k)  # keys: N×C, no gradient
-        l_pos = (q * k).sum(dim=1, keepdim=True)  # N×1
-        loss, correct = self.queue.contrast(q, l_pos, self.tau, earlier)  # N×K negatives, wherever they live
+        loss, correct = self.contrast(q, k, earlier)
+        if self.symmetric:  # q2 against k1, the same queue; the mean keeps the one-way loss's scale, log(1+K)
+            loss21, correct21 = self.contrast(q2, self.compute_keys(im_q), earlier)
+            loss, correct = (loss + loss21) / 2, torch.cat([correct, correct21])
+        # view 2's keys only, symmetric or not: B·W writes a step, ages bounded by K/(B·W) as in the one-way arm
         written = self.queue.enqueue(k, self.step, index)  # in place: backward does not read the keys
         self.step += 1
         return MethodOutput(loss, correct, k, written)
@@ -182,10 +203,11 @@ class MoCo(nn.Module):
         return {"encoder_k": self.encoder_k, "queue": self.queue}
 
     def describe(self, global_batch: int) -> str:
-        return f"K={self.queue.size}" + (" (random replacement)" if self.queue.policy == "random" else "")
+        return (f"K={self.queue.size}" + (" (random replacement)" if self.queue.policy == "random" else "")
+                + (", symmetric loss" if self.symmetric else ""))
 
     def uniform_loss(self, global_batch: int) -> float:
-        """log(1 + K): the positive against K negatives."""
+        """log(1 + K): the positive against K negatives (symmetric: the mean of two such directions)."""
         return math.log(1 + self.queue.size)
 
 
@@ -202,7 +224,8 @@ class MoCoV3(MoCo):
 
     def __init__(self, encoder_q: nn.Module, m: float = 0.99, tau: float = 0.2,
                  shuffler: LocalShuffle | NoShuffle | None = None, encoder_dtype: torch.dtype | None = None) -> None:
-        super().__init__(encoder_q, None, m=m, tau=tau, shuffler=shuffler, encoder_dtype=encoder_dtype)
+        super().__init__(encoder_q, None, m=m, tau=tau, shuffler=shuffler, encoder_dtype=encoder_dtype,
+                         symmetric=True)
 
     @classmethod
     def from_config(cls, cfg: Config, parts: MethodParts) -> MoCoV3:

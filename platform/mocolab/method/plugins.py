@@ -10,6 +10,10 @@ A plugin is a class (or a builder function) that makes a ``Method`` (method/prot
   install. A run's Ray Train workers get the module's folder on their path (training/shipping.py,
   ``method_runtime_env``): this machine's workers, or a cluster's where the folder is on shared storage.
 
+mocolab's own methods beyond the MoCo family (``OWN``: ``supervised``, the bound a reproduction reads its claims
+against) are named and loaded the same way, from the package itself: no install, and their module joins the
+code fingerprint of the runs they train only.
+
 What a plugin provides (docs/methods.md, "Your own method"; examples/plugins/mocolab-byol is one):
 
 - ``from_config(cfg, parts, options)`` (a class) or the builder itself: the ``Method`` for a config, where
@@ -49,9 +53,11 @@ from mocolab.config.schema import _coerce
 from mocolab.method.protocol import Method, MethodParts
 
 if TYPE_CHECKING:
-    from mocolab.config import Config
+    from mocolab.config.schema import Config
 
 GROUP = "mocolab.methods"  # the entry point group plugins declare
+# mocolab's own methods that a config names by method.name, as it names an installed plugin: name -> module:Class
+OWN = {"supervised": "mocolab.method.supervised:Supervised"}
 # what the class must define (the rest of the protocol is read on the instance, where __init__ may set it)
 CLASS_MEMBERS = ("from_config", "forward", "checkpoint_parts", "describe", "uniform_loss")
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}  # field types a config value is coerced to
@@ -155,8 +161,8 @@ def check_method(cfg: Config) -> Plugin:
 
 
 def method_modules(cfg: Config) -> tuple[str, ...]:
-    """The modules of the config's plugin, for the run's code fingerprint (``code_fingerprint(extra=...)``);
-    none for the built-in methods, which are on the training path already."""
+    """The modules of the config's plugin (or mocolab's own method it names), for the run's code fingerprint
+    (``code_fingerprint(extra=...)``); none for the built-in methods, which are on the training path already."""
     return load(cfg.method.name).modules if cfg.method.name else ()
 
 
@@ -168,9 +174,12 @@ def shipped_paths(cfg: Config) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def load(name: str) -> Plugin:
-    """The plugin ``name`` (an entry point's name or a ``module:Class`` path), loaded and checked once per
-    process. Raises ``PluginError`` naming what is wrong and what is there instead."""
-    if ":" in name:
+    """The plugin ``name`` (mocolab's own, an entry point's name or a ``module:Class`` path), loaded and
+    checked once per process. Raises ``PluginError`` naming what is wrong and what is there instead."""
+    if name in OWN:
+        target, origin, module_name = _own(name)
+        ship = ()
+    elif ":" in name:
         module_name, _, attr = name.partition(":")
         module = _import(module_name, name)
         if not hasattr(module, attr):
@@ -188,6 +197,19 @@ def load(name: str) -> Plugin:
     return Plugin(name, origin, target, build_fn, options_type, field_types, modules, ship)
 
 
+def _own(name: str) -> tuple[Any, str, str]:
+    """(target, origin, module) of mocolab's own method ``name``; refused where an installed plugin takes the
+    name too (a config naming it would otherwise mean one thing or the other by the order of a lookup)."""
+    clash = installed().get(name, [])
+    if clash:
+        raise PluginError(f"method.name: {name!r} is mocolab's own method ({OWN[name]}), and "
+                          f"{', '.join(_describe(ep) for ep in clash)} declares a plugin of that name too; "
+                          f"rename the plugin's entry point")
+    module_name, _, attr = OWN[name].partition(":")
+    return getattr(importlib.import_module(module_name), attr), f"mocolab's own method {name} = {OWN[name]}", \
+        module_name
+
+
 def _entry_point(name: str) -> tuple[Any, str, str]:
     """(target, origin, module) of the installed plugin ``name``."""
     found = installed()
@@ -197,9 +219,10 @@ def _entry_point(name: str) -> tuple[Any, str, str]:
             field = "moco.version" if name in VERSIONS else "moco.negatives"
             raise PluginError(f"method.name: {name!r} is a built-in method: choose it with {field}={name} and "
                               f"leave method.name empty (it names a plugin)")
-        close = difflib.get_close_matches(name, list(found), n=3, cutoff=0.5)
+        close = difflib.get_close_matches(name, [*found, *OWN], n=3, cutoff=0.5)
         raise PluginError(f"method.name: {name!r} is no installed plugin (entry point group {GROUP}); installed: "
                           f"{list(found) or 'none'}" + (f"; closest: {close}" if close else "")
+                          + f"; mocolab's own: {list(OWN)}"
                           + "; or name a module of your own as module:Class (docs/methods.md, 'Your own method')")
     if len(eps) > 1:
         raise PluginError(f"method.name: {name!r} is declared by {len(eps)} installed distributions "
@@ -311,5 +334,5 @@ def _field_type(tp: Any) -> str | None:
     return None
 
 
-__all__ = ["CLASS_MEMBERS", "GROUP", "Plugin", "PluginError", "check_method", "installed", "load",
+__all__ = ["CLASS_MEMBERS", "GROUP", "OWN", "Plugin", "PluginError", "check_method", "installed", "load",
            "method_modules", "protocol_members", "shipped_paths"]

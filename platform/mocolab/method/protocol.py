@@ -117,6 +117,11 @@ class MethodParts:
     train_size: int  # images in the training set (a memory bank holds one entry each)
     batch: int  # this rank's batch B (a queue is built for the global batch B·W)
     encoder_dtype: torch.dtype | None = None  # bf16 autocast for the encoders; None: float32
+    # the training set's labels by position, as ``forward``'s index counts (after data.val_size and data.subset;
+    # negative in an unreadable file's row), for a method trained with them (supervised.py); None where the
+    # source holds none in memory (a streamed set)
+    labels: torch.Tensor | None = None
+    classes: int | None = None  # the training set's classes
 
 
 def encoder_autocast(device: torch.device, dtype: torch.dtype | None) -> ContextManager:

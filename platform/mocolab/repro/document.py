@@ -22,13 +22,45 @@ from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
 from mocolab.repro.claims import FAIL_LOSS_FRACTION, FAIL_PRETEXT, RANDOM_INIT  # noqa: E402
 from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, judge_study  # noqa: E402
 from mocolab.repro.inputs import check_results  # noqa: E402
-from mocolab.repro.plan import HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, STUDIES, Study  # noqa: E402
+from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, STUDIES, SUPERVISED,  # noqa: E402
+                                Study)
 
 @dataclass
 class Written:
     markdown: str
     headline: str  # README's table, between HEADLINE_BEGIN and HEADLINE_END
     figures: list[Path]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The supervised bound's finished runs and the budget they trained (its study's preset and steps)."""
+
+    study: Study
+    frame: pd.DataFrame
+    steps: int
+
+
+def _scale(study: Study, frame: pd.DataFrame, bound: Bound | None, steps: int) -> list[str]:
+    """What there is to learn at this budget: the random-init start, the best arm, the supervised bound (where
+    it trained the same preset for the same steps), and the share of the gap the best arm closes."""
+    if bound is None or study.name == bound.study.name or (study.preset, steps) != (bound.study.preset, bound.steps):
+        return []
+    init = by_seed(frame, RANDOM_INIT, "linear_top1")
+    arms = {a: by_seed(frame, a, "linear_top1") for a in frame["arm"].astype(str).unique()
+            if a not in (RANDOM_INIT, "raw-pixels")}
+    means = {a: sum(v.values()) / len(v) for a, v in arms.items() if v}
+    labels = by_seed(bound.frame, bound.study.arms[0], "linear_top1")
+    if not init or not means or not labels:
+        return []
+    start, top = sum(init.values()) / len(init), sum(labels.values()) / len(labels)
+    best = max(means, key=means.get)
+    share = (means[best] - start) / (top - start) if top > start else math.nan
+    return [f"What there is to learn at this budget (linear top-1, means over seeds): the random-init encoder "
+            f"{100 * start:.2f}, the best arm (`{best}`) {100 * means[best]:.2f}, the supervised bound "
+            f"{100 * top:.2f} (`{bound.study.name}`, {_seeds(len(labels))}: the same network, augmentation and "
+            f"steps trained with the labels): the best arm closes {100 * share:.0f} % of the gap between its start "
+            f"and the labels.", ""]
 
 
 def pct(x: float) -> str:
@@ -98,8 +130,9 @@ def _code_line(frame: pd.DataFrame) -> str:
 
 
 def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
-                     history: pd.DataFrame | None = None) -> tuple[str, str, Path]:
-    """(the study's section, README's headline table, the figure); ``history`` as for ``study_section``."""
+                     history: pd.DataFrame | None = None, bound: Bound | None = None) -> tuple[str, str, Path]:
+    """(the study's section, README's headline table, the figure); ``history`` and ``bound`` as for
+    ``study_section``."""
     arms = [a for a in frame["arm"].unique() if a not in (RANDOM_INIT, "raw-pixels")]
     arms = sorted(arms, key=float)
     init = {m: by_seed(frame, RANDOM_INIT, m) for m in ("linear_top1", "knn_top1")}
@@ -159,6 +192,7 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         "",
         paper.text,
         "",
+        *_scale(study, frame, bound, steps),
         *_verdict_block(claims, baselines, steps, plain),
         *_zero_diagnostics(frame),
     ])
@@ -192,9 +226,9 @@ def _verdict_block(claims, baselines, steps: int, plain) -> list[str]:
         "",
         *(table + [""] if table else []),
         *(["### Baseline checks", "",
-           "Each arm's linear top-1 against the random-init encoder of its seed, a Holm family of its own: "
-           "*reproduced* here means the arm's encoder is above its start, *not reproduced* that it is within the "
-           "margin of it or below.", "", *base, ""] if base else []),
+           "Each arm's linear top-1 against the random-init encoder of its seed, a Holm family of its own, by "
+           "the same rules: *above its start* (significant), *below its start*, *within the margin of its start* "
+           "(the no-effect test excludes a gain of the margin) or *inconclusive*.", "", *base, ""] if base else []),
         "### Is learning plain at this budget?",
         "",
         plain.line,
@@ -282,10 +316,10 @@ def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
 
 
 def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
-                  history: pd.DataFrame | None = None) -> tuple[str, Path]:
+                  history: pd.DataFrame | None = None, bound: Bound | None = None) -> tuple[str, Path]:
     """(the section of a study whose arms are any config field's values or a script's settings, its figure).
     ``history``: the trials' curves (``results/history/<study>.csv``), drawn where the study reads pretext
-    accuracy."""
+    accuracy. ``bound``: the supervised bound's runs, the top of the scale where the budget is the same."""
     frame = frame.assign(arm=frame["arm"].astype(str))
     arms = _arms(study, frame)
     init = {m: by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
@@ -318,7 +352,8 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
     reference = (f"the reference arm is `{study.reference}`" if study.reference in arms
                  else f"the reference arm `{study.reference}` has no finished run yet")
     if study.reference_from:
-        reference += f", the study `{study.reference_from}`'s arm, with that study's settings (its section)"
+        theirs = ", ".join(f"`{a}`" for a in (study.reference, *study.borrowed))
+        reference += f"; read from the study `{study.reference_from}`, with its settings (its section): {theirs}"
     text = "\n".join([
         f"## {study.title}",
         "",
@@ -347,6 +382,7 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
         paper.text,
         "",
         *([f"Where this data set limits the claim: {paper.limits}", ""] if paper.limits else []),
+        *_scale(study, frame, bound, steps),
         *_verdict_block(claims, baselines, steps, plain),
     ])
     return text, figure
@@ -438,6 +474,7 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     check_results(results)  # every file before the first figure is drawn
     fig_rel = Path("figures").as_posix() if fig_dir.parent == doc.parent else str(fig_dir)
     sections, headlines, figures = [], [], []
+    bound = _bound(results)
     for study in STUDIES:
         path = results / f"{study.name}.csv"
         if not path.is_file():
@@ -445,17 +482,17 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
             continue
         frame = pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
         other = results / f"{study.reference_from}.csv"
-        if study.reference_from and other.is_file():  # the reference arm, as its own study ran it
+        if study.reference_from and other.is_file():  # the reference arm (and any borrowed), as their study ran them
             borrowed = pd.read_csv(other, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
-            frame = pd.concat([frame, borrowed[borrowed["arm"] == study.reference].assign(study=study.name)],
-                              ignore_index=True)
+            arms = borrowed["arm"].isin([study.reference, *study.borrowed])
+            frame = pd.concat([frame, borrowed[arms].assign(study=study.name)], ignore_index=True)
         curves = results / HISTORY / f"{study.name}.csv"
         history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":
-            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history)
+            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history, bound)
             headlines.append(headline)
         else:
-            text, figure = study_section(study, frame, fig_dir, fig_rel, history)
+            text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound)
         sections.append(text)
         figures.append(figure)
     markdown = "\n".join([
@@ -479,6 +516,16 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(markdown)
     return Written(markdown, "\n\n".join(headlines), figures)
+
+
+def _bound(results: Path) -> Bound | None:
+    """The supervised bound's study, read from its CSV where it has run."""
+    bound = next((s for s in STUDIES if s.by == "method.name" and s.arms == (SUPERVISED,)), None)
+    path = results / f"{bound.name}.csv" if bound else None
+    if path is None or not path.is_file():
+        return None
+    return Bound(bound, pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str}),
+                 bound.steps())
 
 
 def not_run(study: Study) -> str:

@@ -67,7 +67,8 @@ def arm_of(study: Study, trial: pd.Series) -> str:
     """The trial's arm as text: its value of ``study.by`` (0.99, 4096, split), or its label less the seed."""
     if study.by == LABEL:
         return SEED_SUFFIX.sub("", str(trial["label"]))
-    return word(trial[f"params.{study.by}"])
+    value = word(trial[f"params.{study.by}"])
+    return dict(study.names).get(value, value)
 
 
 def _common(run) -> dict:

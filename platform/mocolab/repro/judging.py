@@ -63,7 +63,7 @@ def learning_is_plain(study: Study, frame: pd.DataFrame) -> Plain:
 
 
 def _in_study(study: Study, arm: str) -> bool:
-    return arm in study.arms or arm == study.reference or arm == RANDOM_INIT
+    return arm in study.arms or arm in (study.reference, *study.borrowed) or arm == RANDOM_INIT
 
 
 def judge_claim(claim: Claim, study: Study, frame: pd.DataFrame, steps: int) -> list[tuple[tuple[str, str], Judged]]:
@@ -107,8 +107,15 @@ BASELINE_WORDS = {REPRODUCED: "above its start", REVERSED: "below its start",
                   NOT_REPRODUCED: "within the margin of its start", INCONCLUSIVE: INCONCLUSIVE}
 
 
-def verdict_text(j: Judged, plain: Plain, baseline: bool = False) -> str:
-    word = BASELINE_WORDS.get(j.verdict, j.verdict) if baseline else j.verdict
+# what a verdict means for a control (an EQUAL question, not a paper claim)
+CONTROL_WORDS = {REPRODUCED: "alike (within the margin)", NOT_REPRODUCED: "different", INCONCLUSIVE: INCONCLUSIVE}
+
+
+def verdict_text(j: Judged, plain: Plain, baseline: bool = False, control: bool = False) -> str:
+    word = (BASELINE_WORDS.get(j.verdict, j.verdict) if baseline
+            else CONTROL_WORDS.get(j.verdict, j.verdict) if control else j.verdict)
+    if control and j.verdict == NOT_REPRODUCED:
+        word += f": {j.comparison.a} {'higher' if j.comparison.diff.mean > 0 else 'lower'}"
     if j.verdict in (NOT_YET, NOT_TESTABLE):
         return f"**{word}**"
     return f"**{word}**" + ("" if plain.met else " (provisional)")
@@ -134,7 +141,7 @@ def claim_table(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
             out.append(f"| {a} {KIND_WORD[claim.kind]} {b} ({METRIC_WORD[claim.metric]}) | {family} "
                        f"({_family(j)}) | {c.n} | {_diff(j)} | {fmt_p(c.p_holm)} | {fmt_p(j.p_equivalence)} | "
                        f"{_pts(j.detectable)} | {_budget(claim, (a, b), steps)} | "
-                       f"{verdict_text(j, plain, baseline)} |")
+                       f"{verdict_text(j, plain, baseline, claim.control)} |")
     return out
 
 
@@ -144,12 +151,14 @@ def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
     for claim, rows in judged:
         if not rows:
             continue
-        parts = [f"`{a}` {KIND_WORD[claim.kind]} `{b}`: {verdict_text(j, plain)}" for (a, b), j in rows]
+        parts = [f"`{a}` {KIND_WORD[claim.kind]} `{b}`: {verdict_text(j, plain, control=claim.control)}"
+                 for (a, b), j in rows]
         size = max(j.family_size for _, j in rows)
         family = (f"one Holm family of {size}" if size else "outside this budget"
                   if all(j.verdict == NOT_TESTABLE for _, j in rows) else "no comparison tested yet")
         points = f"{100 * claim.margin:g} point" + ("" if claim.margin == 0.01 else "s")
-        out.append(f"- *{claim.words}* ({METRIC_WORD[claim.metric]}, margin {points}, {family}): "
+        words = f"Control (no paper claim): {claim.words}" if claim.control else claim.words
+        out.append(f"- *{words}* ({METRIC_WORD[claim.metric]}, margin {points}, {family}): "
                    + "; ".join(parts) + ".")
     return out
 

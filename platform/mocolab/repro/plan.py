@@ -36,7 +36,9 @@ class Study:
     (where the preset's encoder is not the one the arms train).  ``workers``: Ray Train workers per trial (0:
     one process per trial, two trials at a time on two cores; 2: one two-rank trial at a time).
     ``reference_from``: the study whose arm ``reference`` is, where it is none of this study's own (the
-    write-up reads that arm's rows from its CSV and pairs them by seed).
+    write-up reads that arm's rows from its CSV and pairs them by seed); ``borrowed``: more of that study's arms
+    read the same way.  ``names``: (the arm as ``by``'s value writes it, the arm's name in the write-up), where
+    the value alone says little (``moco.symmetric``'s True).
     """
 
     name: str
@@ -52,6 +54,8 @@ class Study:
     baseline_sets: tuple[str, ...] = field(default=())
     workers: int = 0
     reference_from: str = ""
+    borrowed: tuple[str, ...] = field(default=())
+    names: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -95,6 +99,8 @@ BN_MODES = ("plain", "groups", "split")
 BN_MODES_RANKS = ("plain", "groups", "split", "shuffle")
 # negatives_ablation.py's settings at --momenta 0.999: the four sources, the queue's two at the paper's m
 NEGATIVES = ("in batch", "memory bank", "queue fifo m=0.999", "queue random m=0.999")
+SYMMETRIC = "queue fifo symmetric m=0.999"
+SUPERVISED = "supervised"  # method.name of the supervised bound  # the queue arm of NEGATIVES with moco.symmetric=true
 # vit_ablation.py --compare-versions: each version's own recipe (head, tau, augmentation, optimiser)
 VERSIONS = ("v1 convnet", "v2 convnet", "v3 convnet", "v3 vit_tiny")
 CONVNET = ("model.backbone=convnet", "model.width=32", "vit.patch_size=0", "vit.depth=0")
@@ -110,6 +116,17 @@ STUDIES: tuple[Study, ...] = (
     # an effect of a few points, which is all there is to learn here
     Study("queue-cpu-full", "queue_ablation.py", "cpu-full", "queue.size", QUEUE_SIZES_FULL, 5, "--sizes",
           "Queue size K, cpu-full budget", extra=("--grid",), reference="16384"),
+    # m = 0.99 against 0.999 where the paper's order can show: 17 epochs of cpu-full are 3,638 steps, more than
+    # five half-lives of m = 0.999 (3,464; repro/claims.py's budget rule)
+    Study("momentum-long-cpu-full", "momentum_ablation.py", "cpu-full", "moco.m", (0.99, 0.999), 5, "--momenta",
+          "Momentum 0.99 against 0.999 for five half-lives of 0.999: cpu-full at 17 epochs",
+          extra=("--set", "optim.epochs=17")),
+    # batch norm at cpu-full on two ranks (128 images each): plain (one BN a rank, unshuffled), groups (BN
+    # groups of 32 images, unshuffled: the paper's per-GPU batch, where it saw the cheating), split (the same
+    # groups, the keys shuffled across them) and shuffle (the paper's cross-rank shuffle)
+    Study("bn-cpu-full", "augmentation_ablation.py", "cpu-full", "moco.bn", BN_MODES_RANKS, 5, None,
+          "Batch norm on two ranks at cpu-full: the cheating in BN groups of 32 images, and the shuffles that "
+          "prevent it", extra=("--what", "bn"), reference="shuffle", workers=2),
     Study("bn-cpu-quick", "augmentation_ablation.py", "cpu-quick", "moco.bn", BN_MODES, 3, None,
           "Batch norm: the cheating that shuffling BN prevents, cpu-quick budget", extra=("--what", "bn"),
           reference="split"),
@@ -132,6 +149,17 @@ STUDIES: tuple[Study, ...] = (
           "The memory bank trained three times as long: cpu-full at 30 epochs",
           extra=("--momenta", "0.999", "--set", "moco.negatives=memory_bank", "--set", "optim.epochs=30"),
           reference="queue fifo m=0.999", reference_from="negatives-cpu-full"),
+    # the first one-change control between the queue arm and the in-batch arm of negatives-cpu-full, which
+    # differ in three ways at once: the queue arm with the symmetric loss (repro/claims.py says what it asks)
+    Study("symmetric-cpu-full", "momentum_ablation.py", "cpu-full", "moco.symmetric", (SYMMETRIC,), 5, None,
+          "A control: the queue arm with a symmetric loss, beside the queue and in-batch arms, cpu-full budget",
+          extra=("--momenta", "0.999", "--set", "moco.symmetric=true"), reference="queue fifo m=0.999",
+          reference_from="negatives-cpu-full", borrowed=("in batch",), names=(("True", SYMMETRIC),)),
+    # how much there is to learn at cpu-full: the same backbone, augmentation and steps trained with the labels,
+    # scored by the same kNN and probe (method/supervised.py); the sections at cpu-full read it as their scale
+    Study("supervised-cpu-full", "momentum_ablation.py", "cpu-full", "method.name", (SUPERVISED,), 5, None,
+          "The supervised bound: cpu-full's backbone, augmentation and steps, trained with the labels",
+          extra=("--momenta", "0.999", "--set", f"method.name={SUPERVISED}")),
     Study("versions-vit-quick", "vit_ablation.py", "vit-quick", LABEL, VERSIONS, 3, None,
           "MoCo v1, v2 and v3 at one budget (vit-quick's data, batch and epochs)", extra=("--compare-versions",),
           reference="v2 convnet", baseline_sets=CONVNET),

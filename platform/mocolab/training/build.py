@@ -54,6 +54,13 @@ def training_source(cfg: Config, *, source: TrainSource | None = None, train: da
     return MemorySource(train, test, max_bad_fraction=cfg.data.max_bad_fraction, val=val)
 
 
+def training_labels(source: TrainSource) -> torch.Tensor | None:
+    """``MethodParts.labels``: the training set's labels by position, as its epochs index the images (after
+    ``data.val_size`` and ``data.subset``), negative in an unreadable file's row; None for a streamed set,
+    whose file index holds labels but whose stand-ins for unreadable files only its loader knows."""
+    return source.train.labels if isinstance(source, MemorySource) else None
+
+
 # ------------------------------------------------------------------------------------------- the schedule
 @dataclass
 class Schedule:
@@ -133,9 +140,10 @@ def build_run(cfg: Config, source: TrainSource, device: torch.device, world_size
     configure_device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(rng.stream_seed("init", cfg.run.seed))  # the same initial weights on every rank
-        # moco.version / moco.negatives -> MoCo v1/v2, v3, memory bank or in-batch (method/registry.py)
+        # moco.version / moco.negatives -> MoCo v1/v2, v3, memory bank or in-batch; method.name -> a plugin or
+        # mocolab's own (supervised) (method/registry.py)
         parts = MethodParts(encoder_factory(cfg, source.channels, source.image_size, device), source.size, batch,
-                            precision)
+                            precision, labels=training_labels(source), classes=source.classes)
         model = build_method(cfg, parts).to(device)
     encoder = model.encoder_q
     if world_size > 1:  # DDP over the query encoder only: the queue and f_k stay out of its broadcasts

@@ -1,4 +1,5 @@
-"""What every study script shares: its command-line flags, building the Sweep, the closing report.
+"""What every study script shares: its command-line flags, its ``main`` (``study_main``), building the Sweep,
+the closing report.
 
 Only the flags and the sweep's description load at import: a study refuses
 bad input (``check_sweep``) before Ray, MLflow, torch or pandas start, which
@@ -15,18 +16,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from mocolab.config import config_file_overrides, list_presets, parse_overrides
-from mocolab.config.flags import check_seeds
+from mocolab.config.flags import check_seeds, parse_checked
 from mocolab.training.interrupts import closing_on_signals, exit_code
 from mocolab.config.code_fingerprint import neutral_changes
 from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
-from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Sweep, Trial,  # noqa: F401
-                               check_sweep, register_warning)  # (Trial: what studies build)
+from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Sweep, Trial, check_sweep,
+                               register_warning)
 
 if TYPE_CHECKING:
     import pandas as pd
 
     # What a study's report function returns: the printed summary, its plot (or None) and its table.
     StudyReport = tuple[str, Path | None, pd.DataFrame]
+    Report = Callable[[Path, pd.DataFrame], StudyReport]
 
 
 def study_parser(description: str, default_name: str) -> argparse.ArgumentParser:
@@ -101,18 +103,28 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     return {**(config_file_overrides(args.config) if args.config else {}), **parse_overrides(args.set)}
 
 
-def make_sweep(args: argparse.Namespace, study: str, description: str, trials: list[Trial],
-               **search: Any) -> Sweep:
-    """The Sweep the common flags describe; ``search`` passes a search's fields (``search="optuna"``,
-    ``search_space``, ``scheduler``, ``metric``, ``num_samples``, ``seeds``) through."""
-    name = args.name or f"{args.default_name}-{args.preset}-s{args.first_seed}"
+def study_main(parser: argparse.ArgumentParser, argv: list[str] | None,
+               plan: Callable[[argparse.Namespace, list[int]], tuple[Sweep, Report]]) -> int:
+    """A study's ``main``: its flags parsed and checked, ``plan(args, seeds) -> (sweep, report)``, the sweep
+    checked, then ``run_study``. Bad input, wherever it is found, is one line and exit status 2."""
     try:
-        overrides = overrides_of(args)
-    except ValueError as err:  # a bad --set or --config: one line and exit 2, as for any other bad input
+        args = parse_checked(parser, argv)
+        sweep, report = plan(args, seeds_of(args))
+        check_sweep(sweep)  # before the seconds of loading Ray, MLflow and torch
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return 2
+    return run_study(sweep, report)
+
+
+def make_sweep(args: argparse.Namespace, study: str, description: str, trials: list[Trial],
+               overrides: dict[str, Any] | None = None, **search: Any) -> Sweep:
+    """The Sweep the common flags describe; ``overrides`` (default ``overrides_of(args)``) every trial's over the
+    preset; ``search`` passes a search's fields (``search="optuna"``, ``search_space``, ``scheduler``, ``metric``,
+    ``num_samples``, ``seeds``) through."""
+    name = args.name or f"{args.default_name}-{args.preset}-s{args.first_seed}"
     return Sweep(study=study, name=name, preset=args.preset, description=description,
-                 base_overrides=overrides, trials=trials,
+                 base_overrides=overrides_of(args) if overrides is None else dict(overrides), trials=trials,
                  workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
                  gpus_per_worker=args.gpus_per_worker, max_concurrent=args.max_concurrent,
                  tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after,
@@ -123,19 +135,15 @@ def make_sweep(args: argparse.Namespace, study: str, description: str, trials: l
                  if args.neutral_code_changes else (), **search)
 
 
-def run_study(sweep: Sweep, report: Callable[[Path, pd.DataFrame], StudyReport]) -> int:
-    """Run the sweep, then ``report(out_dir, trials) -> (text, figure, table)``; print and log it.
+def run_study(sweep: Sweep, report: Report) -> int:
+    """Run a sweep that ``check_sweep`` has passed, then ``report(out_dir, trials) -> (text, figure, table)``;
+    print and log it.
 
     ``out_dir`` is the sweep's folder (``<storage>/<name>``, absolute), where the study saves its plot.
     Exit status: 0 every trial has an outcome (finished, diverged, or stopped early by the search's
-    scheduler); 1 a trial failed; 2 bad input, refused before any trial; 128+N ended by signal N
-    (Ctrl-C: 130, SIGTERM: 143), the sweep marked interrupted and resumable by the same command.
+    scheduler); 1 a trial failed; 2 bad input found once the cluster and the store are asked, before any trial;
+    128+N ended by signal N (Ctrl-C: 130, SIGTERM: 143), the sweep marked interrupted and resumable by the same command.
     """
-    try:
-        check_sweep(sweep)  # before the seconds of loading Ray, MLflow and torch below
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     if warning := register_warning(sweep):
         print(warning, file=sys.stderr)
     from mocolab.tune.sweep import ending, resolve_sweep, run_sweep
@@ -190,7 +198,7 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame, runs: list) -> None:
                                            if metric in TEST_METRICS else ""))
 
 
-def _conclude(sweep: Sweep, parent, report: Callable[[Path, pd.DataFrame], StudyReport], grid: Any = None) -> int:
+def _conclude(sweep: Sweep, parent, report: Report, grid: Any = None) -> int:
     """Summarise, report and close the parent run; the exit status. ``grid``: Tune's results of this
     invocation, for the trials that errored before their MLflow run existed."""
     from mocolab.analysis.report import build_report

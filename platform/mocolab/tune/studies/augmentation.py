@@ -2,19 +2,17 @@
 
     python experiments/augmentation_ablation.py --preset cpu-quick                 # presets and BN modes
     python experiments/augmentation_ablation.py --what bn --workers-per-trial 2    # with cross-rank shuffle
+    mocolab study augmentation --preset smoke                      # the same, from an installed mocolab
 
 Without shuffling, BN lets a query find its key by the batch's statistics: the
 pretext (instance-discrimination) accuracy runs near 100 % while kNN suffers.
-    mocolab study augmentation --preset smoke                      # the same, from an installed mocolab
 """
 
 import argparse
-import sys
 
 from mocolab.config.choices import AUGMENT_PRESETS as PRESETS
-from mocolab.config.flags import parse_checked
 from mocolab.tune import Trial
-from mocolab.tune.study import make_sweep, run_study, seeds_of, study_parser
+from mocolab.tune.study import make_sweep, study_main, study_parser
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,12 +23,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_checked(parser(), argv)
-        seeds = seeds_of(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return study_main(parser(), argv, plan)
+
+
+def plan(args: argparse.Namespace, seeds: list[int]):
     trials = []
     if args.what in ("augment", "both"):
         trials += [Trial(f"aug={a} seed={s}", {"augment.preset": a, "run.seed": s}) for a in PRESETS for s in seeds]
@@ -60,5 +56,5 @@ def main(argv: list[str] | None = None) -> int:
                           out_dir / "augmentation.png")
         return "\n".join(lines), figure, table
 
-    return run_study(sweep, report)
+    return sweep, report
 

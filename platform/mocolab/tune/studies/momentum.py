@@ -12,9 +12,8 @@ t-tests across seeds, Holm-corrected.
 import argparse
 import sys
 
-from mocolab.config.flags import parse_checked
 from mocolab.tune import Trial
-from mocolab.tune.study import Sweep, make_sweep, momenta_of, run_study, seeds_of, study_parser
+from mocolab.tune.study import Sweep, make_sweep, momenta_of, study_main, study_parser
 
 PAPER_TEXT = {0.0: "fail"}  # the paper's m = 0 did not train; values it did not run print as —
 
@@ -32,13 +31,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_checked(parser(), argv)
-        momenta = momenta_of(args)
-        seeds = seeds_of(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return study_main(parser(), argv, plan)
+
+
+def plan(args: argparse.Namespace, seeds: list[int]):
+    momenta = momenta_of(args)
     # seed by seed: a sweep stopped part way (--stop-after, Ctrl-C) holds whole seeds, every arm paired
     trials = [Trial(f"m={m:g} seed={s}", {"moco.m": m, "run.seed": s}) for s in seeds for m in momenta]
     sweep = make_sweep(args, "momentum-ablation", f"MoCo momentum ablation: m in {momenta}, seeds {seeds}, "
@@ -53,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         figure = momentum_plot(table, PAPER_MOMENTUM, out_dir / "momentum.png", baseline_frame(baselines))
         return text, figure, table
 
-    return run_study(sweep, report)
+    return sweep, report
 
 
 def random_init(sweep: Sweep, seeds: list[int]) -> tuple[list, str]:

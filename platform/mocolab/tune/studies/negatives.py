@@ -2,6 +2,7 @@
 
     python experiments/negatives_ablation.py                          # 4 momenta: 7 trials
     python experiments/negatives_ablation.py --momenta 0.5,0.999 --seeds 2
+    mocolab study negatives --preset smoke                      # the same, from an installed mocolab
 
 MoCo's argument (He et al. 2020, section 3.2) in three parts: in-batch
 negatives (SimCLR) are consistent but only 2B − 2; a memory bank of every
@@ -14,15 +15,12 @@ the encoder that wrote it and by the current one (1 = no drift), against the
 entry's age.  With a FIFO queue the oldest key is K/(B·W) steps old; random
 replacement keeps some keys far longer.  All trials share the preset's data,
 batch, temperature, epochs and K (the bank draws queue.size negatives a step).
-    mocolab study negatives --preset smoke                      # the same, from an installed mocolab
 """
 
 import argparse
-import sys
 
-from mocolab.config.flags import parse_checked
 from mocolab.tune import Trial
-from mocolab.tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
+from mocolab.tune.study import make_sweep, momenta_of, study_main, study_parser
 
 RANDOM_M = 0.999  # random replacement: at the paper's momentum, where FIFO's keys are consistent
 
@@ -46,13 +44,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_checked(parser(), argv)
-        momenta = momenta_of(args)
-        seeds = seeds_of(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return study_main(parser(), argv, plan)
+
+
+def plan(args: argparse.Namespace, seeds: list[int]):
+    momenta = momenta_of(args)
     trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s})
               for name, overrides in settings(momenta).items() for s in seeds]
     sweep = make_sweep(args, "negatives-ablation", f"Sources of negatives: in-batch, memory bank, queue FIFO "
@@ -86,5 +82,5 @@ def main(argv: list[str] | None = None) -> int:
         figure = negatives_plot(table, drift, out_dir / "negatives.png", epoch)
         return "\n".join(lines), figure, table
 
-    return run_study(sweep, report)
+    return sweep, report
 

@@ -7,14 +7,12 @@
 """
 
 import argparse
-import sys
 
 from mocolab.config import build_config
 from mocolab.data.roots import check_data
-from mocolab.config.flags import parse_checked
 from mocolab.tune import Trial
 from mocolab.tune.spec import with_validation_split
-from mocolab.tune.study import make_sweep, overrides_of, run_study, seeds_of, study_parser
+from mocolab.tune.study import make_sweep, overrides_of, study_main, study_parser
 
 
 def queue_sizes(preset: str, overrides: dict) -> list[int]:
@@ -57,25 +55,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_checked(parser(), argv)
-        overrides = overrides_of(args)  # --config's and --set's
-        if not args.grid:  # a search selects by the validation split's kNN: hold one out
-            overrides = with_validation_split(args.preset, overrides)
-        seeds, sizes = seeds_of(args), chosen_sizes(args, overrides)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return study_main(parser(), argv, plan)
+
+
+def plan(args: argparse.Namespace, seeds: list[int]):
+    overrides = overrides_of(args)
+    if not args.grid:  # a search selects by the validation split's kNN: hold one out
+        overrides = with_validation_split(args.preset, overrides)
+    sizes = chosen_sizes(args, overrides)
     if args.grid:
         # seed by seed: a study stopped part way has whole seeds, which pair across K
         trials = [Trial(f"K={k} seed={s}", {"queue.size": k, "run.seed": s}) for s in seeds for k in sizes]
-        sweep = make_sweep(args, "queue-ablation", f"queue size grid K in {sizes}, seeds {seeds}", trials)
+        sweep = make_sweep(args, "queue-ablation", f"queue size grid K in {sizes}, seeds {seeds}", trials, overrides)
     else:
         sweep = make_sweep(args, "queue-ablation", f"Optuna search over K in {sizes} with ASHA on the kNN top-1 "
-                           f"of {overrides['data.val_size']:,} held-out training images", [],
+                           f"of {overrides['data.val_size']:,} held-out training images", [], overrides,
                            search="optuna", search_space={"queue.size": sizes}, scheduler="asha",
                            metric="val_knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
-        sweep.base_overrides["data.val_size"] = overrides["data.val_size"]
 
     def report(out_dir, trials_df):
         from mocolab.analysis import fmt_mean_std, line_plot, summarise
@@ -97,5 +93,5 @@ def main(argv: list[str] | None = None) -> int:
                                out_dir / "queue.png")
         return "\n".join(lines), figure, table
 
-    return run_study(sweep, report)
+    return sweep, report
 

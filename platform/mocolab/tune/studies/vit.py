@@ -3,21 +3,19 @@
     python experiments/vit_ablation.py                       # patch projection trained|frozen x base m
     python experiments/vit_ablation.py --momenta 0.99 --seeds 3
     python experiments/vit_ablation.py --compare-versions    # v1, v2, v3 (convnet) and v3 (ViT) side by side
+    mocolab study vit --preset smoke                      # the same, from an installed mocolab
 
 MoCo v3 (Chen, Xie, He 2021) found ViT training unstable, with spikes in the
 first layer's gradient that cost accuracy, and fixed it by never training the
 random patch projection. Each trial logs that gradient's norm at every step
 (``grad_norm_first_layer``, measured whether or not the projection trains), so
 the report shows both the accuracy and the gradient the fix acts on.
-    mocolab study vit --preset smoke                      # the same, from an installed mocolab
 """
 
 import argparse
-import sys
 
-from mocolab.config.flags import parse_checked
 from mocolab.tune import Trial
-from mocolab.tune.study import make_sweep, momenta_of, run_study, seeds_of, study_parser
+from mocolab.tune.study import make_sweep, momenta_of, study_main, study_parser
 
 # --compare-versions: each version's recipe over the preset (vit-quick: its data, batch, epochs, evaluation).
 _CONVNET = {"model.backbone": "convnet", "model.width": 32, "vit.patch_size": 0, "vit.depth": 0}
@@ -52,13 +50,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_checked(parser(), argv)
-        momenta = momenta_of(args)
-        seeds = seeds_of(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return study_main(parser(), argv, plan)
+
+
+def plan(args: argparse.Namespace, seeds: list[int]):
+    momenta = momenta_of(args)
     if args.compare_versions:
         return _compare_versions(args, seeds)
     trials = [Trial(f"patch={'frozen' if f else 'trained'} m={m:g} seed={s}",
@@ -99,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         figure = vit_plot(table, curves, out_dir / "vit.png")
         return "\n".join(lines), figure, table
 
-    return run_study(sweep, report)
+    return sweep, report
 
 
-def _compare_versions(args, seeds: list[int]) -> int:
+def _compare_versions(args: argparse.Namespace, seeds: list[int]):
     args.default_name = "versions"  # its own sweep: the ablation's name with other settings would be refused
     trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s}) for name, overrides in RECIPES.items()
               for s in seeds]
@@ -126,5 +122,5 @@ def _compare_versions(args, seeds: list[int]) -> int:
         figure = bar_plot(table, "setting", "MoCo v1, v2, v3 at one budget", out_dir / "versions.png")
         return "\n".join(lines), figure, table
 
-    return run_study(sweep, report)
+    return sweep, report
 
