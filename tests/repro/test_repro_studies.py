@@ -191,3 +191,16 @@ def test_the_queue_study_at_cpu_full_runs_its_four_sizes_as_a_grid_and_bad_sizes
             chosen_sizes(args(bad), {})
     with pytest.raises(ValueError, match="give --grid too"):
         chosen_sizes(args("256", grid=False), {})
+
+
+def test_every_study_script_runs_its_grid_seed_by_seed_so_a_study_stopped_part_way_pairs_across_its_arms():
+    from mocolab.config.flags import parse_checked
+    from mocolab.tune.studies import augmentation, momentum, negatives, queue, vit
+    from mocolab.tune.study import seeds_of
+
+    for mod, argv in [(momentum, []), (queue, ["--grid", "--sizes", "128,256"]), (augmentation, ["--what", "bn"]),
+                      (negatives, ["--momenta", "0.999"]), (vit, ["--compare-versions"])]:
+        args = parse_checked(mod.parser(), [*argv, "--seeds", "3", "--preset", "smoke"])
+        sweep, _ = mod.plan(args, seeds_of(args))
+        seeds = [int(t.label.rsplit("seed=", 1)[1]) for t in sweep.trials]
+        assert seeds == sorted(seeds) and len(set(seeds)) == 3, (mod.__name__, seeds)

@@ -5,7 +5,7 @@ augmented views of the batch and returns a ``MethodOutput``; beyond that it
 answers what the trainer would otherwise learn by asking which class it holds:
 is there a key encoder (whose momentum the schedule sets), a dictionary (whose
 ages and drift the diagnostics follow), which encoder writes it, what goes in
-a checkpoint, and how to describe it in one line.  Four methods implement it:
+a checkpoint, and how to describe it in one line.  The built-in methods:
 
     name          class                            key encoder   dictionary
     queue         moco.MoCo (v1, v2)               f_k (EMA)     the queue of K keys
@@ -13,8 +13,10 @@ a checkpoint, and how to describe it in one line.  Four methods implement it:
     memory_bank   negatives.MemoryBankContrast     none          one entry per training image
     in_batch      negatives.InBatchContrast        none          none: the global batch's views
 
-Methods from outside the package implement it too: method/plugins.py checks a plugin against it when it is
-loaded (docs/methods.md, "Your own method"; examples/plugins/mocolab-byol is BYOL).
+``method.name=supervised`` (supervised.Supervised, the reproduction's supervised bound: the labels, no
+negatives) goes the plugins' way, as mocolab's own.  Methods from outside the package implement it too:
+method/plugins.py checks a plugin against it when it is loaded (docs/methods.md, "Your own method";
+examples/plugins/mocolab-byol is BYOL).
 
 This module imports no method, so each method's module imports it and the
 registry (method/registry.py) imports them: the arrows run one way.

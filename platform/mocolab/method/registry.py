@@ -1,7 +1,8 @@
 """The one place that picks a method for a config: the built-in methods, and plugins from outside the package.
 
-``build_method`` builds the plugin ``method.name`` names where it is set (method/plugins.py: an installed
-entry point of the group ``mocolab.methods``, or a ``module:Class`` path), else a built-in: by
+``build_method`` builds the method ``method.name`` names where it is set (method/plugins.py: mocolab's own
+``supervised``, an installed entry point of the group ``mocolab.methods``, or a ``module:Class`` path), else
+a built-in: by
 ``moco.version`` where the version names a method of its own (v3), else by ``moco.negatives``.  Every method
 implements the protocol of method/protocol.py, and tests/method/test_method_contract.py checks each, the
 installed plugins with the built-ins.

@@ -29,13 +29,14 @@ def main(argv: list[str] | None = None) -> int:
 def plan(args: argparse.Namespace, seeds: list[int]):
     trials = []
     if args.what in ("augment", "both"):
-        trials += [Trial(f"aug={a} seed={s}", {"augment.preset": a, "run.seed": s}) for a in PRESETS for s in seeds]
+        # seed by seed: a study stopped part way has whole seeds, which pair across the arms
+        trials += [Trial(f"aug={a} seed={s}", {"augment.preset": a, "run.seed": s}) for s in seeds for a in PRESETS]
     if args.what in ("bn", "both"):
         # plain: one group, unshuffled; groups: split's groups, unshuffled; split: the groups, shuffled
         modes = ["split", "groups", "plain"] + (["shuffle"] if args.workers_per_trial >= 2 else [])
         if "shuffle" not in modes:
             print("note: bn=shuffle needs --workers-per-trial >= 2; running split, groups and plain only")
-        trials += [Trial(f"bn={b} seed={s}", {"moco.bn": b, "run.seed": s}) for b in modes for s in seeds]
+        trials += [Trial(f"bn={b} seed={s}", {"moco.bn": b, "run.seed": s}) for s in seeds for b in modes]
     sweep = make_sweep(args, "augmentation-ablation", f"augmentation presets and BN modes ({args.what}), "
                        f"seeds {seeds}", trials)
 

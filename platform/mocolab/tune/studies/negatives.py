@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(args: argparse.Namespace, seeds: list[int]):
     momenta = momenta_of(args)
-    trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s})
-              for name, overrides in settings(momenta).items() for s in seeds]
+    trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s})  # seed by seed: stopped, whole seeds pair
+              for s in seeds for name, overrides in settings(momenta).items()]
     sweep = make_sweep(args, "negatives-ablation", f"Sources of negatives: in-batch, memory bank, queue FIFO "
                        f"(m in {momenta}) and random (m={RANDOM_M}), seeds {seeds}, preset {args.preset}", trials)
 

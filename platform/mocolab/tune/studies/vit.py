@@ -100,8 +100,8 @@ def plan(args: argparse.Namespace, seeds: list[int]):
 
 def _compare_versions(args: argparse.Namespace, seeds: list[int]):
     args.default_name = "versions"  # its own sweep: the ablation's name with other settings would be refused
-    trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s}) for name, overrides in RECIPES.items()
-              for s in seeds]
+    trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s})  # seed by seed: stopped, whole seeds pair
+              for s in seeds for name, overrides in RECIPES.items()]
     sweep = make_sweep(args, "vit-ablation", f"MoCo v1, v2, v3 (convnet) and v3 (ViT) at one budget, seeds {seeds}, "
                        f"preset {args.preset}", trials)
 
