@@ -39,3 +39,26 @@ def test_holm_steps_down_and_keeps_the_order_of_the_family():
     adjusted = [c.p_holm for c in holm(family)]
     assert adjusted == pytest.approx([0.03, 0.06, 0.06])  # 3*0.01; max(2*0.03, .); max(1*0.04, 0.06)
     assert [c.verdict() for c in holm(family)] == ["a0 > b", "no difference", "no difference"]
+
+
+def test_a_studys_closing_tests_pair_each_arm_with_the_reference_by_seed_holm_corrected_as_one_family():
+    import pandas as pd
+
+    from mocolab.analysis import against_reference
+
+    # K = 256 is 0.5 points below 16384 in every seed, with seed-to-seed spread far larger than that: only a
+    # paired test sees it; 4096 differs by nothing
+    base = {0: 0.80, 1: 0.85, 2: 0.90}
+    rows = [{"params.queue.size": k, "params.run.seed": s, "status": "finished", "linear_top1": v + shift}
+            for k, shift in ((256, -0.005 + 0.0001), (4096, 0.0), (16384, 0.0)) for s, v in base.items()]
+    rows[0]["linear_top1"] -= 0.0002  # not all differences alike
+    lines = against_reference(pd.DataFrame(rows), "queue.size", lambda ks: max(ks))
+    assert "each against 16384" in lines[0] and "Holm-corrected as one family of 2" in lines[0]
+    expected = holm([paired({s: 100 * r["linear_top1"] for s, r in enumerate(rows[0:3])},
+                            {s: 100 * r["linear_top1"] for s, r in enumerate(rows[6:9])}, ("256", "16384"))])
+    line = next(x for x in lines if x.strip().startswith("256 − 16384"))
+    assert "256 < 16384" in line and f"{expected[0].diff.mean:+.2f}" in line
+    assert "4096 − 16384" in lines[2] and "no significant difference" in lines[2]
+    one_seed = pd.DataFrame([r for r in rows if r["params.run.seed"] == 0])
+    assert against_reference(one_seed, "queue.size", max) == [
+        "Paired t-tests across seeds need two seeds or more of an arm (--seeds 2); none here."]

@@ -10,7 +10,7 @@ study but one draws (its paper numbers, its own table and picture) is
 
 from mocolab.analysis.plots import (accuracy_bars, accuracy_errorbar, bar_plot, baseline_band, binned_mean,
                                     dictionary_plot, line_plot, save_figure)
-from mocolab.analysis.summary import fmt_mean_std, per_seed, summarise
+from mocolab.analysis.summary import against_reference, fmt_mean_std, per_seed, summarise
 
-__all__ = ["accuracy_bars", "accuracy_errorbar", "bar_plot", "baseline_band", "binned_mean", "dictionary_plot",
-           "fmt_mean_std", "line_plot", "per_seed", "save_figure", "summarise"]
+__all__ = ["accuracy_bars", "accuracy_errorbar", "against_reference", "bar_plot", "baseline_band", "binned_mean",
+           "dictionary_plot", "fmt_mean_std", "line_plot", "per_seed", "save_figure", "summarise"]

@@ -18,12 +18,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from mocolab.analysis import accuracy_errorbar, baseline_band, fmt_mean_std, per_seed, save_figure, summarise
-from mocolab.analysis.stats import Comparison, Interval, fmt_p, holm, interval, paired
+from mocolab.analysis.stats import Comparison, Interval, holm, interval, paired
+from mocolab.analysis.summary import ALPHA, comparison_line, family_size, paired_diff
 
 # The paper's momentum ablation: ImageNet linear top-1 against the key-encoder momentum m.
 PAPER_MOMENTUM: dict[float, float] = {0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999: 58.9}
 PAPER_M = 0.999  # the paper's m: each other arm is tested against it (against the largest m, where it is not run)
-ALPHA = 0.05
 INIT, PIXELS = "random-init", "raw-pixels"  # the baselines' kinds (``mocolab baselines``)
 BASELINE_COLUMNS = ("kind", "seed", "linear_top1", "knn_top1")  # scores as fractions, as the runs log them
 
@@ -63,37 +63,9 @@ def momentum_comparisons(trials: pd.DataFrame, baselines: pd.DataFrame | None = 
     return against_ref, against_init
 
 
-def _diff(c: Comparison | None) -> str:
-    """A paired difference in points with its 95 % interval."""
-    if c is None or c.n == 0:
-        return "—"
-    if c.n == 1:
-        return f"{c.diff.mean:+.2f} (1 seed)"
-    return f"{c.diff.mean:+.2f} [{c.diff.low:+.2f}, {c.diff.high:+.2f}]"
-
-
 def _paper(value: Any) -> str:
     """The paper column: its number or word, — where the paper did not run that m."""
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
-
-
-def _test_line(c: Comparison) -> str:
-    verdict = c.verdict(ALPHA)
-    if verdict == "no difference":  # not significant is not evidence of no effect (no equivalence test here)
-        verdict = "no significant difference"
-    t = "—" if math.isnan(c.t) else f"{c.t:.2f}"
-    return (f"    {c.a + ' − ' + c.b:<22} {c.n:>2} seeds  Δ {_diff(c):<23} t = {t:>7}  {_p('p', c.p):<11}  "
-            f"{_p('Holm p', c.p_holm):<16}  {verdict}")
-
-
-def _size(family: list[Comparison]) -> int:
-    """The comparisons Holm's correction counted: those with two seeds or more."""
-    return sum(not math.isnan(c.p) for c in family)
-
-
-def _p(name: str, p: float) -> str:
-    text = fmt_p(p)
-    return f"{name} {text}" if text.startswith("<") else f"{name} = {text}"
 
 
 def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
@@ -124,7 +96,7 @@ def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
     for name, (_, r) in zip(names, table.iterrows()):
         lines.append(f"{r['moco.m']:>11g} {finished.get(float(r['moco.m']), 0):>5} "
                      f"{fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
-                     f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {_diff(by_a.get(name)):>22} "
+                     f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {paired_diff(by_a.get(name)):>22} "
                      f"{r.final_loss:>10.3f} {r.status:>10} {r.ema_half_life:>9.1f} {r.max_staleness:>9.0f} "
                      f"{_paper(r.paper):>6}")
     init = {m: _baseline(baselines, INIT, m) for m in ("linear_top1", "knn_top1")}
@@ -157,12 +129,12 @@ def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
     lines.append(f"Paired t-tests on linear top-1 (points) across seeds (seed s of every arm starts from the same "
                  f"encoder and sees the same batches), α = {ALPHA}, Holm-corrected within each family:")
     if against_ref:
-        lines.append(f"  each m against m={ref:g}, {which} (a family of {_size(against_ref)}):")
-        lines += [_test_line(c) for c in against_ref]
+        lines.append(f"  each m against m={ref:g}, {which} (a family of {family_size(against_ref)}):")
+        lines += [comparison_line(c) for c in against_ref]
     if against_init:
         lines.append(f"  each m against the random-init encoder of its seed (the baseline check, a family of "
-                     f"{_size(against_init)}):")
-        lines += [_test_line(c) for c in against_init]
+                     f"{family_size(against_init)}):")
+        lines += [comparison_line(c) for c in against_init]
     return "\n".join(lines), table
 
 

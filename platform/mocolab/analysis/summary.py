@@ -10,8 +10,13 @@ the same thing the MLflow UI shows. Two values are compared seed by seed (``per_
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import pandas as pd
+
+from mocolab.analysis.stats import Comparison, fmt_p, holm, paired
+
+ALPHA = 0.05
 
 
 def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -64,3 +69,50 @@ def per_seed(df: pd.DataFrame, by: str, metric: str) -> dict[object, dict[int, f
         ok = g[g["status"] == "finished"].drop_duplicates(subset=[seed_col])
         out[value] = {int(s): 100 * float(v) for s, v in zip(ok[seed_col], ok[metric]) if not math.isnan(float(v))}
     return out
+
+
+def paired_diff(c: Comparison | None) -> str:
+    """A paired difference in points with its 95 % interval."""
+    if c is None or c.n == 0:
+        return "—"
+    if c.n == 1:
+        return f"{c.diff.mean:+.2f} (1 seed)"
+    return f"{c.diff.mean:+.2f} [{c.diff.low:+.2f}, {c.diff.high:+.2f}]"
+
+
+def _p(name: str, p: float) -> str:
+    text = fmt_p(p)
+    return f"{name} {text}" if text.startswith("<") else f"{name} = {text}"
+
+
+def comparison_line(c: Comparison) -> str:
+    """One paired test as a study's closing table prints it; "no significant difference" is not read as "the
+    same" (that needs an equivalence test: the reproduction's verdicts have one)."""
+    verdict = c.verdict(ALPHA)
+    if verdict == "no difference":
+        verdict = "no significant difference"
+    t = "—" if math.isnan(c.t) else f"{c.t:.2f}"
+    return (f"    {c.a + ' − ' + c.b:<22} {c.n:>2} seeds  Δ {paired_diff(c):<23} t = {t:>7}  {_p('p', c.p):<11}  "
+            f"{_p('Holm p', c.p_holm):<16}  {verdict}")
+
+
+def family_size(family: list[Comparison]) -> int:
+    """The comparisons Holm's correction counted: those with two seeds or more."""
+    return sum(not math.isnan(c.p) for c in family)
+
+
+def against_reference(df: pd.DataFrame, by: str, pick: Callable[[list[Any]], Any],
+                      metric: str = "linear_top1") -> list[str]:
+    """A study's closing tests: each value of ``by`` against the reference ``pick`` chooses from the values,
+    paired by seed on ``metric`` (points), Holm-corrected as one family, as the reproduction pairs them; a
+    line saying why where nothing has two seeds."""
+    arms = per_seed(df, by, metric)
+    if not arms:
+        return []
+    ref = pick(list(arms))
+    family = holm([paired(arms[v], arms[ref], (str(v), str(ref))) for v in arms if v != ref])
+    if not family_size(family):
+        return ["Paired t-tests across seeds need two seeds or more of an arm (--seeds 2); none here."]
+    return [f"Paired t-tests on {metric.replace('_', ' ')} (points) across seeds (seed s of every arm starts from "
+            f"the same encoder and sees the same batches), each against {ref}, α = {ALPHA}, Holm-corrected as one "
+            f"family of {family_size(family)}:", *[comparison_line(c) for c in family]]

@@ -41,7 +41,7 @@ def plan(args: argparse.Namespace, seeds: list[int]):
                        f"seeds {seeds}", trials)
 
     def report(out_dir, trials_df):
-        from mocolab.analysis import bar_plot, fmt_mean_std, summarise
+        from mocolab.analysis import against_reference, bar_plot, fmt_mean_std, summarise
 
         trials_df = trials_df.assign(**{"params.setting": [
             f"bn={b}" if str(lbl).startswith("bn=") else f"aug={a}"
@@ -53,6 +53,13 @@ def plan(args: argparse.Namespace, seeds: list[int]):
         for _, r in table.iterrows():
             lines.append(f"{r.setting:>14} {fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
                          f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {r.pretext_acc:>9.1f} {r.status:>10}")
+        # each group against the paper's setting: the cross-rank shuffle where it ran (else split), aug+ (mocov2)
+        for prefix, refs in (("bn=", ("bn=shuffle", "bn=split")), ("aug=", ("aug=mocov2",))):
+            group = trials_df[trials_df["params.setting"].str.startswith(prefix)]
+            present = set(group["params.setting"])
+            ref = next((r for r in refs if r in present), None)
+            if ref is not None and len(present) > 1:
+                lines += against_reference(group, "setting", lambda _values, ref=ref: ref)
         figure = bar_plot(table, "setting", "Augmentation and batch-norm ablations",
                           out_dir / "augmentation.png")
         return "\n".join(lines), figure, table

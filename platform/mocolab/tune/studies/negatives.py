@@ -18,6 +18,7 @@ batch, temperature, epochs and K (the bank draws queue.size negatives a step).
 """
 
 import argparse
+import re
 
 from mocolab.tune import Trial
 from mocolab.tune.study import make_sweep, momenta_of, study_main, study_parser
@@ -55,7 +56,7 @@ def plan(args: argparse.Namespace, seeds: list[int]):
                        f"(m in {momenta}) and random (m={RANDOM_M}), seeds {seeds}, preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
-        from mocolab.analysis import fmt_mean_std
+        from mocolab.analysis import against_reference, fmt_mean_std
         from mocolab.tracking import Store, resolve_tracking_uri
         from mocolab.analysis.negatives_plots import negatives_drift, negatives_plot
 
@@ -79,6 +80,10 @@ def plan(args: argparse.Namespace, seeds: list[int]):
                 young = [c for a, c in zip(ages, cos) if a <= sorted(ages)[len(ages) // 4]]
                 lines.append(f"  {setting}: drift cos {sum(young) / len(young):.4f} for the youngest quarter of "
                              f"probes, {sum(old) / len(old):.4f} for the oldest (ages up to {max(ages):.0f} steps)")
+        settings_df = trials_df.assign(**{"params.setting": [re.sub(r" seed=\d+$", "", str(label))
+                                                             for label in trials_df["label"]]})
+        fifo = f"queue fifo m={max(momenta):g}"  # MoCo's own source at the largest m
+        lines += against_reference(settings_df, "setting", lambda values: fifo if fifo in values else values[0])
         figure = negatives_plot(table, drift, out_dir / "negatives.png", epoch)
         return "\n".join(lines), figure, table
 

@@ -74,7 +74,7 @@ def plan(args: argparse.Namespace, seeds: list[int]):
                            metric="val_knn_top1", mode="max", num_samples=args.samples, seeds=seeds)
 
     def report(out_dir, trials_df):
-        from mocolab.analysis import fmt_mean_std, line_plot, summarise
+        from mocolab.analysis import against_reference, fmt_mean_std, line_plot, summarise
 
         table = summarise(trials_df, "queue.size")
         lines = [f"{'K':>7} {'trials':>6} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'staleness':>9} "
@@ -86,6 +86,7 @@ def plan(args: argparse.Namespace, seeds: list[int]):
         if (table["repeats"] > 0).any():
             lines.append("A search may sample one K twice: repeats of a seed are one measurement (mean over "
                          "distinct seeds), not more seeds.")
+        lines += against_reference(trials_df, "queue.size", lambda ks: max(ks, key=float))  # the largest K
         ok = table.dropna(subset=["knn_top1_mean"])
         figure = None
         if not ok.empty:

@@ -106,7 +106,7 @@ def _compare_versions(args: argparse.Namespace, seeds: list[int]):
                        f"preset {args.preset}", trials)
 
     def report(out_dir, trials_df):
-        from mocolab.analysis import bar_plot, fmt_mean_std, summarise
+        from mocolab.analysis import against_reference, bar_plot, fmt_mean_std, summarise
 
         df = trials_df.assign(**{"params.setting": [f"{v} {b}" for v, b in zip(trials_df["params.moco.version"],
                                                                                  trials_df["params.model.backbone"])]})
@@ -119,6 +119,8 @@ def _compare_versions(args: argparse.Namespace, seeds: list[int]):
                          f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {r.pretext_acc:>9.1f} {r.status:>10}")
         lines.append("Pretext accuracy is not comparable across versions: v1/v2 pick the key among K + 1, "
                      "v3 among the global batch.")
+        lines += against_reference(df, "setting", lambda values: "v2 convnet" if "v2 convnet" in values
+                                   else values[0])
         figure = bar_plot(table, "setting", "MoCo v1, v2, v3 at one budget", out_dir / "versions.png")
         return "\n".join(lines), figure, table
 
