@@ -17,10 +17,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from mocolab.analysis.stats import Comparison, interval, paired  # noqa: E402
+from mocolab.analysis.stats import interval, paired  # noqa: E402
 from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
 from mocolab.repro.claims import FAIL_LOSS_FRACTION, FAIL_PRETEXT, RANDOM_INIT  # noqa: E402
-from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, judge_study  # noqa: E402
+from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, diff_points, judge_study  # noqa: E402
 from mocolab.repro.inputs import check_results  # noqa: E402
 from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, STUDIES, SUPERVISED,  # noqa: E402
                                 Study)
@@ -74,14 +74,6 @@ def _ci(values) -> str:
     if iv.n == 1:
         return f"{100 * iv.mean:.2f} (1 seed)"
     return f"{100 * iv.mean:.2f} ± {100 * iv.std:.2f} [{100 * iv.low:.2f}, {100 * iv.high:.2f}]"
-
-
-def _diff(c: Comparison) -> str:
-    if c.n == 0:
-        return "—"
-    if c.n == 1:
-        return f"{100 * c.diff.mean:+.2f} (1 seed)"
-    return f"{100 * c.diff.mean:+.2f} [{100 * c.diff.low:+.2f}, {100 * c.diff.high:+.2f}]"
 
 
 def _seeds(n: int) -> str:
@@ -146,10 +138,11 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         dk = paired(by_seed(frame, arm, "knn_top1"), init["knn_top1"], (f"m={arm}", RANDOM_INIT))
         paper = "fail" if float(arm) == 0 else (f"{PAPER_MOMENTUM[float(arm)]:.1f}"
                                                  if float(arm) in PAPER_MOMENTUM else "—")
-        rows.append(f"| {arm} | {len(ok)} | {_ci(ok['linear_top1'])} | {_diff(dl)} | {_ci(ok['knn_top1'])} | "
-                    f"{_diff(dk)} | {ok['final_loss'].mean():.3f} | {pct(ok['pretext_acc'].mean())} | "
+        rows.append(f"| {arm} | {len(ok)} | {_ci(ok['linear_top1'])} | {diff_points(dl)} | {_ci(ok['knn_top1'])} | "
+                    f"{diff_points(dk)} | {ok['final_loss'].mean():.3f} | {pct(ok['pretext_acc'].mean())} | "
                     f"{g['ema_half_life'].mean():.1f} | {statuses} | {paper} |")
-        head.append(f"| {arm} | {len(ok)} | {_ci(ok['linear_top1'])} | {_diff(dl)} | {_diff(dk)} | {paper} |")
+        head.append(f"| {arm} | {len(ok)} | {_ci(ok['linear_top1'])} | {diff_points(dl)} | {diff_points(dk)} | "
+                    f"{paper} |")
     for name, metric_rows in ((RANDOM_INIT, frame[frame["arm"] == RANDOM_INIT]), ("raw-pixels", pixels)):
         if len(metric_rows):
             n = len(metric_rows)
@@ -331,9 +324,9 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
         dl = paired(by_seed(frame, arm, "linear_top1"), init["linear_top1"], (arm, "random-init"))
         dk = paired(by_seed(frame, arm, "knn_top1"), init["knn_top1"], (arm, "random-init"))
         mark = " (reference)" if arm == study.reference else ""
-        rows.append(f"| {arm}{mark} | {len(ok)} | {_ci(ok['linear_top1'])} | {_diff(dl)} | {_ci(ok['knn_top1'])} | "
-                    f"{_diff(dk)} | {_num(ok['final_loss'].mean(), '.3f')} | {_ci(ok['pretext_acc'].dropna())} | "
-                    f"{statuses} |")
+        rows.append(f"| {arm}{mark} | {len(ok)} | {_ci(ok['linear_top1'])} | {diff_points(dl)} | "
+                    f"{_ci(ok['knn_top1'])} | {diff_points(dk)} | {_num(ok['final_loss'].mean(), '.3f')} | "
+                    f"{_ci(ok['pretext_acc'].dropna())} | {statuses} |")
     for name in ("random-init", "raw-pixels"):
         base = frame[frame["arm"] == name]
         if len(base):

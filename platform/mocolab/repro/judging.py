@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from mocolab.analysis.stats import fmt_p, paired
+from mocolab.analysis.stats import Comparison, fmt_p, paired
 from mocolab.analysis.verdicts import (EQUAL, FAILS, GREATER, INCONCLUSIVE, NOT_REPRODUCED, NOT_TESTABLE, NOT_YET,
                                        REPRODUCED, REVERSED, Judged, judge)
 from mocolab.repro.claims import (ALPHA, BASELINE_CHECK, HALF_LIVES, LEARNED, MARGINS, PLAIN_KNN, PLAIN_LINEAR,
@@ -86,8 +86,8 @@ def _pts(x: float) -> str:
     return "—" if math.isnan(x) else f"{100 * x:.2f}"
 
 
-def _diff(j: Judged) -> str:
-    c = j.comparison
+def diff_points(c: Comparison) -> str:
+    """A paired difference (fractions) in points with its 95 % interval, as every table of the page prints it."""
     if c.n == 0:
         return "—"
     if c.n == 1:
@@ -139,7 +139,7 @@ def claim_table(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
             c = j.comparison
             family = "baseline checks" if baseline else claim.words
             out.append(f"| {a} {KIND_WORD[claim.kind]} {b} ({METRIC_WORD[claim.metric]}) | {family} "
-                       f"({_family(j)}) | {c.n} | {_diff(j)} | {fmt_p(c.p_holm)} | {fmt_p(j.p_equivalence)} | "
+                       f"({_family(j)}) | {c.n} | {diff_points(c)} | {fmt_p(c.p_holm)} | {fmt_p(j.p_equivalence)} | "
                        f"{_pts(j.detectable)} | {_budget(claim, (a, b), steps)} | "
                        f"{verdict_text(j, plain, baseline, claim.control)} |")
     return out

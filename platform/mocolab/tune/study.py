@@ -82,19 +82,27 @@ def seeds_of(args: argparse.Namespace) -> list[int]:
     return list(range(args.first_seed, args.first_seed + args.seeds))
 
 
-def momenta_of(args: argparse.Namespace) -> list[float]:
-    """``--momenta``: comma-separated values of m (their range is the config's ``moco.m`` check)."""
+def comma_values(flag: str, text: str, cast: Callable[[str], Any], kind: str, listing: str,
+                 one: str) -> list[Any]:
+    """A flag's comma-separated values, each read by ``cast``: ``kind`` and ``listing`` name what a word that
+    does not read should have been, ``one`` what an empty list lacks (their ranges are the config's checks)."""
     values = []
-    for word in (w.strip() for w in args.momenta.split(",")):
+    for word in (w.strip() for w in text.split(",")):
         if not word:
             continue
         try:
-            values.append(float(word))
+            values.append(cast(word))
         except ValueError:
-            raise ValueError(f"--momenta: {word!r} is not a number (comma-separated values of m in [0, 1))") from None
+            raise ValueError(f"{flag}: {word!r} is not {kind} ({listing})") from None
     if not values:
-        raise ValueError("--momenta: give at least one value of m in [0, 1)")
+        raise ValueError(f"{flag}: give at least one {one}")
     return values
+
+
+def momenta_of(args: argparse.Namespace) -> list[float]:
+    """``--momenta``: comma-separated values of m (their range is the config's ``moco.m`` check)."""
+    return comma_values("--momenta", args.momenta, float, "a number", "comma-separated values of m in [0, 1)",
+                        "value of m in [0, 1)")
 
 
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:

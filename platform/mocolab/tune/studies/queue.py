@@ -12,7 +12,7 @@ from mocolab.config import build_config
 from mocolab.data.roots import check_data
 from mocolab.tune import Trial
 from mocolab.tune.spec import with_validation_split
-from mocolab.tune.study import make_sweep, overrides_of, study_main, study_parser
+from mocolab.tune.study import comma_values, make_sweep, overrides_of, study_main, study_parser
 
 
 def queue_sizes(preset: str, overrides: dict) -> list[int]:
@@ -28,16 +28,8 @@ def chosen_sizes(args: argparse.Namespace, overrides: dict) -> list[int]:
         return queue_sizes(args.preset, overrides)
     if not args.grid:
         raise ValueError("--sizes: a grid's list; give --grid too (a search samples K itself)")
-    sizes = []
-    for word in (w.strip() for w in args.sizes.split(",")):
-        if not word:
-            continue
-        try:
-            sizes.append(int(word))
-        except ValueError:
-            raise ValueError(f"--sizes: {word!r} is not a whole number (comma-separated queue sizes K)") from None
-    if not sizes:
-        raise ValueError("--sizes: give at least one queue size K")
+    sizes = comma_values("--sizes", args.sizes, int, "a whole number", "comma-separated queue sizes K",
+                         "queue size K")
     for k in sizes:  # queue.size's own range, divisibility by the batch and bound by the training set
         check_data(build_config(args.preset, {**overrides, "queue.size": k}))
     return sizes
