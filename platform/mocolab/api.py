@@ -105,19 +105,20 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
     ``stop_after``, ``register``, ``watch_s``, ``scheduler``, ``metric``). Bad input raises ValueError.
     """
     from mocolab.tune.grid import EXPERIMENT, check_grid, grid_report, grid_sweep, parse_grid
-    from mocolab.tune.spec import check_sweep
+    from mocolab.tune.spec import LAUNCH_FIELDS, Launch, check_sweep
 
+    launch = Launch(**{k: flags.pop(k) for k in LAUNCH_FIELDS if k in flags})
     points = parse_grid(grid) if not isinstance(grid, Mapping) else check_grid(grid)
     check_seeds(first_seed, seeds)
     fields = _config.config_file_overrides(config_file) if config_file else {}
     spec = grid_sweep(points, preset=preset, seeds=range(first_seed, first_seed + seeds),
                       overrides={**fields, **_overrides(overrides)}, name=name, experiment=experiment or EXPERIMENT,
                       search=search, samples=samples, **flags)
-    check_sweep(spec)  # bad input raises here: run_study takes a checked sweep
+    check_sweep(spec, launch)  # bad input raises here: run_study takes a checked sweep
     from mocolab.tune.study import run_study
 
-    code = run_study(spec, grid_report(list(points)))
-    parent, trials = _parent_and_trials(spec.study, spec.name, spec.tracking_uri)
+    code = run_study(spec, launch, grid_report(list(points)))
+    parent, trials = _parent_and_trials(spec.study, spec.name, launch.tracking_uri)
     return SweepResult(code, spec.study, spec.name, parent, trials)
 
 

@@ -275,7 +275,7 @@ class _Accepted(Exception):
     """Raised where the study, its input accepted, would start Ray."""
 
 
-def _check_entrypoint(entrypoint: str, env: dict[str, str], monkeypatch) -> tuple[int | None, str]:
+def _check_entrypoint(entrypoint: str, env: dict[str, str], monkeypatch) -> tuple[int | None, tuple | None]:
     """Run the study the entrypoint names, as the head would, up to the point where it starts Ray: the real
     argument parsing and the real config check (every trial's config built and validated)."""
     import mocolab.tune.sweep as sweep_module
@@ -289,14 +289,14 @@ def _check_entrypoint(entrypoint: str, env: dict[str, str], monkeypatch) -> tupl
     for k, v in env.items():
         monkeypatch.setenv(k, v)
 
-    def accepted(sweep):
-        raise _Accepted(sweep)
+    def accepted(sweep, launch):
+        raise _Accepted(sweep, launch)
 
     monkeypatch.setattr(sweep_module, "resolve_sweep", accepted)
     try:
         code = momentum.main(words[2:])
     except _Accepted as ok:
-        return None, ok.args[0]
+        return None, ok.args  # (sweep, launch)
     except SystemExit as exit_:
         return exit_.code, None
     return code, None
@@ -337,11 +337,12 @@ def test_rayjob_entrypoint_passes_the_studys_own_config_check(monkeypatch, capsy
     entrypoint = job["spec"]["entrypoint"]
     assert f"data.root={mount}/" in entrypoint, "the images must come from the data volume the pods mount"
     env = {k: v.replace(mount, str(volume)) for k, v in _driver_env(job).items()}
-    code, sweep = _check_entrypoint(entrypoint.replace(f"={mount}/", f"={volume}/"), env, monkeypatch)
+    code, accepted = _check_entrypoint(entrypoint.replace(f"={mount}/", f"={volume}/"), env, monkeypatch)
     assert code is None, f"the study refuses the RayJob's entrypoint: {capsys.readouterr().err}"
-    assert sweep.preset == "imagenet-resnet50" and sweep.storage.startswith("/shared/")
-    assert sweep.gpus_per_worker == 1 and sweep.workers_per_trial == 2
-    assert sweep.tracking_uri is None and os.environ["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    sweep, launch = accepted
+    assert sweep.preset == "imagenet-resnet50" and launch.storage.startswith("/shared/")
+    assert launch.gpus_per_worker == 1 and launch.workers_per_trial == 2
+    assert launch.tracking_uri is None and os.environ["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
 
 
 def test_the_config_check_refuses_what_the_cluster_would_refuse(monkeypatch, capsys, data_volume):

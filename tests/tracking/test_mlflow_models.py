@@ -113,7 +113,7 @@ def test_a_run_with_log_models_false_keeps_its_checkpoint_and_logs_no_model(tmp_
     """``run.log_models=false``: a sweep of many trials leaves the Models list empty; a study that would
     register its best trial's model is refused before any work."""
     from mocolab.training import fit
-    from mocolab.tune.spec import Sweep, Trial, check_sweep
+    from mocolab.tune.spec import Launch, Sweep, Trial, check_sweep
 
     uri = mlflow_store(tmp_path)
     cfg = build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "queue.size": 128,
@@ -125,8 +125,8 @@ def test_a_run_with_log_models_false_keeps_its_checkpoint_and_logs_no_model(tmp_
     assert out.status == "finished" and "linear_top1" in run.data.metrics
     assert not run.outputs.model_outputs and list((tmp_path / "runs").rglob("*.pt"))
     sweep = Sweep(study="e", name="s", preset="smoke", description="", base_overrides={"run.log_models": "false"},
-                  trials=[Trial("a", {})], tracking_uri=uri, register="best", register_metric="linear_top1")
+                  trials=[Trial("a", {})], register="best", register_metric="linear_top1")
     with pytest.raises(ValueError, match=r"^--register: run.log_models=false leaves no trial a model"):
-        check_sweep(sweep)
+        check_sweep(sweep, Launch(tracking_uri=uri))
     sweep.base_overrides["run.log_models"] = "true"
-    check_sweep(sweep)
+    check_sweep(sweep, Launch(tracking_uri=uri))

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from mocolab.data.sets import fashion_mnist_dir
 from mocolab.training.baselines import Baseline
-from mocolab.tune import Sweep, Trial, run_sweep
+from mocolab.tune import Launch, Sweep, Trial, run_sweep
 from mocolab.analysis import summarise
 from mocolab.tracking import trials_frame
 
@@ -26,11 +26,13 @@ TINY = {"data.subset": 1024, "eval.knn_bank": 1024, "eval.knn_test": 500, "eval.
         "run.log_models": False}  # no trial here is about its MLflow models but the --register one
 
 
-def _sweep(tmp_path: Path, trials: list[Trial], **kw) -> Sweep:
-    kw.setdefault("workers_per_trial", 0)  # in the trial's process: what is tested here is the sweep
-    return Sweep(study="test-sweeps", name=kw.pop("name", "s1"), preset="smoke", description="test sweep",
-                 base_overrides=dict(TINY), trials=trials, tracking_uri=mlflow_store(tmp_path),
-                 storage=str(tmp_path / "sweeps"), **kw)
+def _sweep(tmp_path: Path, trials: list[Trial], name: str = "s1", **kw) -> tuple[Sweep, Launch]:
+    """A sweep of ``trials`` and its launch (``kw``: Launch fields), each trial in its own process (no workers:
+    what is tested here is the sweep)."""
+    kw.setdefault("workers_per_trial", 0)
+    return (Sweep(study="test-sweeps", name=name, preset="smoke", description="test sweep",
+                  base_overrides=dict(TINY), trials=trials),
+            Launch(tracking_uri=mlflow_store(tmp_path), storage=str(tmp_path / "sweeps"), **kw))
 
 
 def _children(uri: str, parent_id: str):
@@ -51,16 +53,16 @@ def _report_queues() -> int:
 @needs_fmnist
 def test_sweep_stopped_after_first_trial_resumes_without_rerunning(tmp_path, ray_session):
     trials = [Trial("m=0.9 seed=0", {"moco.m": 0.9}), Trial("m=0.99 seed=0", {"moco.m": 0.99})]
-    sweep = _sweep(tmp_path, trials, max_concurrent=1, stop_after=1)
+    sweep, launch = _sweep(tmp_path, trials, max_concurrent=1, stop_after=1)
     queues = _report_queues()
-    parent, _ = run_sweep(sweep, progress=lambda _m: None)
+    parent, _ = run_sweep(sweep, launch, progress=lambda _m: None)
     assert _report_queues() == queues  # a W = 0 trial reports to Tune itself: no queue actor for Train's callback
     first = _children(parent.uri, parent.run_id)
     assert [r.data.tags["trial"] for r in first] == ["m=0.9 seed=0"]
     assert first[0].info.status == "FINISHED"
     first_end = first[0].info.end_time
 
-    again, _ = run_sweep(_sweep(tmp_path, trials, max_concurrent=1), progress=lambda _m: None)
+    again, _ = run_sweep(*_sweep(tmp_path, trials, max_concurrent=1), progress=lambda _m: None)
     assert again.run_id == parent.run_id and again.resumed  # one parent, found again
     kids = _children(parent.uri, parent.run_id)
     assert sorted(r.data.tags["trial"] for r in kids) == ["m=0.9 seed=0", "m=0.99 seed=0"]  # no duplicate
@@ -80,7 +82,7 @@ def test_sweep_stopped_after_first_trial_resumes_without_rerunning(tmp_path, ray
 def test_diverged_trial_is_recorded_and_the_sweep_goes_on(tmp_path, ray_session):
     trials = [Trial("boom", {"optim.lr": 1e6, "optim.schedule": "constant", "moco.tau": 0.01}),
               Trial("fine", {})]
-    parent, _ = run_sweep(_sweep(tmp_path, trials, name="div"), progress=lambda _m: None)
+    parent, _ = run_sweep(*_sweep(tmp_path, trials, name="div"), progress=lambda _m: None)
     kids = {r.data.tags["trial"]: r for r in _children(parent.uri, parent.run_id)}
     assert kids["boom"].data.tags["mocolab.status"] == "diverged"
     assert "linear_top1" not in kids["boom"].data.metrics and "final_loss" in kids["boom"].data.metrics
@@ -107,7 +109,7 @@ def test_trial_drivers_never_cost_a_whole_trial_or_a_thread(cluster, asked, expe
     from mocolab.training.resources import threads_for
     from mocolab.tune.sweep import resolve_resources
 
-    conc, cpus = resolve_resources(Sweep("s", "n", "smoke", "d", **asked), cluster)
+    conc, cpus = resolve_resources(Launch(**asked), cluster)
     assert (conc, cpus, threads_for(cpus)) == expected
 
 
@@ -143,8 +145,8 @@ def _momentum_report(tmp_path: Path, monkeypatch, argv: list[str], baselines: li
     from mocolab.tune.studies import momentum
 
     held = {}
-    monkeypatch.setattr(study, "run_study", lambda sweep, report: held.update(report=report) or 0)
-    monkeypatch.setattr(momentum, "random_init", lambda sweep, seeds: (baselines, ""))
+    monkeypatch.setattr(study, "run_study", lambda sweep, launch, report: held.update(report=report) or 0)
+    monkeypatch.setattr(momentum, "random_init", lambda sweep, seeds, tracking_uri: (baselines, ""))
     assert momentum.main(["--preset", "smoke", "--storage", str(tmp_path), *argv]) == 0
     return held["report"]
 
@@ -500,18 +502,18 @@ def test_momentum_study_measures_the_random_init_encoder_once_and_reads_it_back(
     from mocolab.tune.studies.momentum import random_init
 
     sweep = Sweep(study="momentum-ablation", name="m-tiny", preset="smoke", description="test",
-                  base_overrides={**TINY, "eval.linear_test": 500}, tracking_uri=mlflow_store(tmp_path),
-                  storage=str(tmp_path / "sweeps"))
-    first, note = random_init(sweep, [0])
+                  base_overrides={**TINY, "eval.linear_test": 500})
+    uri = mlflow_store(tmp_path)
+    first, note = random_init(sweep, [0], uri)
     assert note == "" and [(b.kind, b.seed) for b in first] == [("random-init", 0), ("raw-pixels", None)]
     assert all(0.1 < b.linear_top1 < 1 and 0.1 < b.knn_top1 < 1 for b in first)
     assert "measuring random-init and raw-pixels" in capsys.readouterr().out
-    again, _ = random_init(sweep, [0])
+    again, _ = random_init(sweep, [0], uri)
     assert again == first and "measuring" not in capsys.readouterr().out  # logged before: read, not measured
-    client = MlflowClient(sweep.tracking_uri)
+    client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("baselines").experiment_id])
     assert sorted(r.data.tags["mocolab.baseline_set"] for r in runs) == ["m-tiny"] * 2
     # the same name scored otherwise (another kNN k) is not this sweep's: the table goes on without it, saying why
     other = Sweep(**{**sweep.__dict__, "base_overrides": {**sweep.base_overrides, "eval.knn_k": 5}})
-    none, note = random_init(other, [0])
+    none, note = random_init(other, [0], uri)
     assert none == [] and "m-tiny" in note

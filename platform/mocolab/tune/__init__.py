@@ -1,16 +1,16 @@
 """Ray Tune sweeps: one trial = one Ray Train run; the sweep is an MLflow parent run.
 
-What a sweep is (``Sweep``, ``Trial``) and the search names load without Ray or
+What a sweep is (``Sweep``, ``Trial``, ``Launch``) and the search names load without Ray or
 MLflow, so a study refuses bad input before either starts; the rest loads
 from ``sweep.py`` on first use.
 """
 
 from mocolab.tune.search import SCHEDULERS, SEARCHERS
-from mocolab.tune.spec import Sweep, Trial
+from mocolab.tune.spec import Launch, Sweep, Trial
 
-_FROM_SWEEP = ("open_parent", "resolve_sweep", "run_sweep", "sweep_dir", "validate_sweep")
+_FROM_SWEEP = ("open_parent", "resolve_sweep", "run_sweep", "validate_sweep")
 
-__all__ = ["SCHEDULERS", "SEARCHERS", "Sweep", "Trial", *_FROM_SWEEP]
+__all__ = ["SCHEDULERS", "SEARCHERS", "Launch", "Sweep", "Trial", *_FROM_SWEEP]
 
 
 def __getattr__(name: str):

@@ -84,7 +84,7 @@ def grid_sweep(grid: Mapping[str, Sequence[Any]], *, preset: str = "cpu-quick", 
                search: str = "grid", samples: int = 1, metric: str = "val_knn_top1", scheduler: str = "fifo",
                **flags: Any) -> Sweep:
     """The ``Sweep`` of a grid (or, ``search`` optuna/random, of a search over the grid's values);
-    ``flags``: the other ``Sweep`` fields (workers_per_trial, max_concurrent, tracking_uri, stop_after, ...)."""
+    ``flags``: the other ``Sweep`` fields (register, register_metric)."""
     grid = {k: list(v) for k, v in grid.items()}
     seeds = list(seeds)
     if not seeds:

@@ -1,13 +1,13 @@
 """What a sweep is, and what it can be refused for before any server is asked: no Ray, MLflow or torch here.
 
-A study builds a ``Sweep`` and ``check_sweep`` refuses bad input in a
-fraction of a second; ``sweep.py`` then loads Ray and MLflow to run it.
+A study builds a ``Sweep`` (what its trials train and how they are compared) and a ``Launch`` (where and on
+what this invocation runs them: the same Sweep runs on a laptop and on a cluster); ``check_sweep`` refuses bad
+input in a fraction of a second, and ``sweep.py`` then loads Ray and MLflow to run it.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,9 @@ class Trial:
 
 @dataclass
 class Sweep:
+    """The experiment: what every trial trains (``preset``, ``base_overrides``, each trial's overrides, or a
+    search over ``search_space``) and how the trials are compared and chosen. Its ``name`` resumes it."""
+
     study: str  # the MLflow experiment, e.g. momentum-ablation
     name: str  # the sweep's name: the same name resumes it
     preset: str
@@ -78,6 +81,15 @@ class Sweep:
     mode: str = "max"
     num_samples: int = 1
     seeds: list[int] = field(default_factory=lambda: [0])  # search mode: seeds per sampled point
+    register: str | None = None  # register the best trial's encoder under this Model Registry name
+    register_metric: str = REGISTER_METRIC  # ... best by this final metric (max; min for a loss)
+
+
+@dataclass
+class Launch:
+    """Where and on what one invocation runs a Sweep: its workers and their share of the cluster, the stores,
+    this invocation's budget and output, and what a trial made by other code counts as."""
+
     workers_per_trial: int = 1
     cpus_per_worker: float | None = None  # None: share the cluster's CPUs among concurrent trials
     gpus_per_worker: float = 0.0
@@ -86,18 +98,18 @@ class Sweep:
     storage: str = "runs/sweeps"
     stop_after: int | None = None  # end this invocation after N trials finish; the same name continues
     source: dict[str, str] = field(default_factory=dict)  # MLflow source tags, computed in the driver
-    register: str | None = None  # register the best trial's encoder under this Model Registry name
-    register_metric: str = REGISTER_METRIC  # ... best by this final metric (max; min for a loss)
     verbose: bool = False  # also print Ray's own output (Tune's tables, workers' logs); always in Ray's log files
     watch_s: int | None = None  # keep <sweep folder>/report/report.html current while trials run, every N s
     reuse_other_code: bool = False  # a trial's run made by other code is reported, not trained again
     continue_across_code: bool = False  # a trial interrupted under other code continues, the change recorded
     neutral_changes: tuple[tuple[str, str], ...] = ()  # (from, to) code fingerprints declared neutral
 
-    @functools.cached_property
-    def place(self) -> SweepPlace:
-        """Where its state lives, built on first use (a sweep made by ``dataclasses.replace`` builds its own)."""
-        return SweepPlace.of(self.storage, self.name)
+    def place(self, name: str) -> SweepPlace:
+        """Where the sweep ``name`` keeps its state under this launch's storage."""
+        return SweepPlace.of(self.storage, name)
+
+
+LAUNCH_FIELDS = tuple(f.name for f in fields(Launch))
 
 
 # ------------------------------------------------------------------ validation
@@ -159,8 +171,8 @@ def register_warning(sweep: Sweep) -> str:
             f"keep the test split out of the choice)")
 
 
-def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: float,
-                    trial_id: str = "") -> tuple[str, dict[str, Any]]:
+def trial_overrides(sweep: Sweep, launch: Launch, place: SweepPlace, trial_cfg: dict[str, Any],
+                    cpus_per_worker: float, trial_id: str = "") -> tuple[str, dict[str, Any]]:
     """(label, overrides) for one trial from Tune's config (grid: a Trial dict; search: dotted keys).
 
     A search may sample the same point twice; its labels carry Tune's trial id so that two trials never
@@ -172,11 +184,10 @@ def trial_overrides(sweep: Sweep, trial_cfg: dict[str, Any], cpus_per_worker: fl
         over = {k: v for k, v in trial_cfg.items() if "." in k}
         label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in over.items()) + f" [{trial_id}]"
     over = {**sweep.base_overrides, **over,
-            "run.num_workers": sweep.workers_per_trial, "run.cpus_per_worker": cpus_per_worker,
-            "run.gpus_per_worker": sweep.gpus_per_worker, "run.experiment": sweep.study,
-            "run.output_dir": sweep.place.train,
-            "run.name": f"{sweep.name}--{_slug(label)}"}
-    if sweep.workers_per_trial == 0:
+            "run.num_workers": launch.workers_per_trial, "run.cpus_per_worker": cpus_per_worker,
+            "run.gpus_per_worker": launch.gpus_per_worker, "run.experiment": sweep.study,
+            "run.output_dir": place.train, "run.name": f"{sweep.name}--{_slug(label)}"}
+    if launch.workers_per_trial == 0:
         over.pop("run.cpus_per_worker")
     return label, over
 
@@ -185,16 +196,24 @@ def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)
 
 
-def check_sweep(sweep: Sweep) -> None:
-    """Every flag in range, every trial's config built and validated and its data checked: all a sweep can be
-    refused for without asking a server, so a study refuses it before Ray, MLflow or torch is loaded."""
+def check_launch(launch: Launch) -> None:
+    """The launch's flags in the command line's ranges (for a Launch built in code too) and its store's address."""
+    check_addresses(launch.tracking_uri)
+    for flag, value in (("--workers-per-trial", launch.workers_per_trial),
+                        ("--cpus-per-worker", launch.cpus_per_worker), ("--gpus-per-worker", launch.gpus_per_worker),
+                        ("--max-concurrent", launch.max_concurrent), ("--stop-after", launch.stop_after),
+                        ("--watch", launch.watch_s)):
+        check_number(flag, value)
+
+
+def check_sweep(sweep: Sweep, launch: Launch | None = None) -> None:
+    """Every flag in range, every trial's config built (as ``launch`` runs it, by default on one worker) and
+    validated and its data checked: all a sweep can be refused for without asking a server, so a study refuses
+    it before Ray, MLflow or torch is loaded."""
+    launch = launch or Launch()
     check_name("--name", sweep.name)
-    check_addresses(sweep.tracking_uri)
-    for flag, value in (("--workers-per-trial", sweep.workers_per_trial), ("--cpus-per-worker", sweep.cpus_per_worker),
-                        ("--gpus-per-worker", sweep.gpus_per_worker), ("--max-concurrent", sweep.max_concurrent),
-                        ("--stop-after", sweep.stop_after), ("--samples", sweep.num_samples),
-                        ("--watch", sweep.watch_s)):
-        check_number(flag, value)  # the command line's ranges, for a Sweep built in code too
+    check_launch(launch)
+    check_number("--samples", sweep.num_samples)
     check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
     if sweep.search == "grid" and not sweep.trials:
         raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
@@ -208,8 +227,9 @@ def check_sweep(sweep: Sweep) -> None:
     labels = [t.label for t in sweep.trials]
     if len(set(labels)) != len(labels):
         raise ValueError(f"trial labels must be unique: {labels}")
+    place = launch.place(sweep.name)
     for t in sweep.trials:
-        _, over = trial_overrides(sweep, {"trial": {"label": t.label, "overrides": t.overrides}}, 1.0)
+        _, over = trial_overrides(sweep, launch, place, {"trial": {"label": t.label, "overrides": t.overrides}}, 1.0)
         _trial_config(sweep, over)
     if sweep.search != "grid":
         _trial_config(sweep, {**sweep.base_overrides})

@@ -1,5 +1,5 @@
-"""What every study script shares: its command-line flags, its ``main`` (``study_main``), building the Sweep,
-the closing report.
+"""What every study script shares: its command-line flags, its ``main`` (``study_main``), building the Sweep and
+its Launch, the closing report.
 
 Only the flags and the sweep's description load at import: a study refuses
 bad input (``check_sweep``) before Ray, MLflow, torch or pandas start, which
@@ -20,8 +20,8 @@ from mocolab.config.flags import check_seeds, parse_checked
 from mocolab.training.interrupts import closing_on_signals, exit_code
 from mocolab.config.code_fingerprint import neutral_changes
 from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
-from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Sweep, Trial, check_sweep,
-                               register_warning)
+from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Launch, Sweep, SweepPlace, Trial,
+                               check_sweep, register_warning)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,15 +114,17 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 def study_main(parser: argparse.ArgumentParser, argv: list[str] | None,
                plan: Callable[[argparse.Namespace, list[int]], tuple[Sweep, Report]]) -> int:
     """A study's ``main``: its flags parsed and checked, ``plan(args, seeds) -> (sweep, report)``, the sweep
-    checked, then ``run_study``. Bad input, wherever it is found, is one line and exit status 2."""
+    checked as the flags launch it, then ``run_study``. Bad input, wherever it is found, is one line and exit
+    status 2."""
     try:
         args = parse_checked(parser, argv)
         sweep, report = plan(args, seeds_of(args))
-        check_sweep(sweep)  # before the seconds of loading Ray, MLflow and torch
+        launch = launch_of(args)
+        check_sweep(sweep, launch)  # before the seconds of loading Ray, MLflow and torch
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return run_study(sweep, report)
+    return run_study(sweep, launch, report)
 
 
 def make_sweep(args: argparse.Namespace, study: str, description: str, trials: list[Trial],
@@ -133,19 +135,24 @@ def make_sweep(args: argparse.Namespace, study: str, description: str, trials: l
     name = args.name or f"{args.default_name}-{args.preset}-s{args.first_seed}"
     return Sweep(study=study, name=name, preset=args.preset, description=description,
                  base_overrides=overrides_of(args) if overrides is None else dict(overrides), trials=trials,
-                 workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
-                 gpus_per_worker=args.gpus_per_worker, max_concurrent=args.max_concurrent,
-                 tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after,
-                 register=args.register, register_metric=args.register_metric, verbose=args.verbose,
-                 watch_s=args.watch, reuse_other_code=args.reuse_other_code,
-                 continue_across_code=args.continue_across_code,
-                 neutral_changes=tuple(sorted(neutral_changes(args.neutral_code_changes)))
-                 if args.neutral_code_changes else (), **search)
+                 register=args.register, register_metric=args.register_metric, **search)
 
 
-def run_study(sweep: Sweep, report: Report) -> int:
-    """Run a sweep that ``check_sweep`` has passed, then ``report(out_dir, trials) -> (text, figure, table)``;
-    print and log it.
+def launch_of(args: argparse.Namespace) -> Launch:
+    """The Launch the common flags describe: workers and their share of the cluster, the stores, this
+    invocation's budget and output, what a trial made by other code counts as."""
+    return Launch(workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
+                  gpus_per_worker=args.gpus_per_worker, max_concurrent=args.max_concurrent,
+                  tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after,
+                  verbose=args.verbose, watch_s=args.watch, reuse_other_code=args.reuse_other_code,
+                  continue_across_code=args.continue_across_code,
+                  neutral_changes=tuple(sorted(neutral_changes(args.neutral_code_changes)))
+                  if args.neutral_code_changes else ())
+
+
+def run_study(sweep: Sweep, launch: Launch, report: Report) -> int:
+    """Run a sweep that ``check_sweep`` has passed as ``launch`` runs it, then ``report(out_dir, trials) -> (text,
+    figure, table)``; print and log it.
 
     ``out_dir`` is the sweep's folder (``<storage>/<name>``, absolute), where the study saves its plot.
     Exit status: 0 every trial has an outcome (finished, diverged, or stopped early by the search's
@@ -156,10 +163,11 @@ def run_study(sweep: Sweep, report: Report) -> int:
         print(warning, file=sys.stderr)
     from mocolab.tune.sweep import ending, resolve_sweep, run_sweep
 
-    sweep = resolve_sweep(sweep)
+    sweep, launch = resolve_sweep(sweep, launch)
+    place = launch.place(sweep.name)  # built once: run_sweep and the report share it
     with closing_on_signals():
         try:
-            parent, grid = run_sweep(sweep)
+            parent, grid = run_sweep(sweep, launch, place=place)
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -168,7 +176,7 @@ def run_study(sweep: Sweep, report: Report) -> int:
                   f"run the same command again to resume", file=sys.stderr)
             return exit_code(err)
         try:
-            return _conclude(sweep, parent, report, grid)
+            return _conclude(sweep, launch, place, parent, report, grid)
         except BaseException as err:  # the sweep ran; a failure while summarising must still close its parent
             status, mlflow_status = ending(err)
             parent.set_status(status, mlflow_status=mlflow_status,
@@ -178,7 +186,7 @@ def run_study(sweep: Sweep, report: Report) -> int:
             raise
 
 
-def _register_best(sweep: Sweep, trials: pd.DataFrame, runs: list) -> None:
+def _register_best(sweep: Sweep, tracking_uri: str | None, trials: pd.DataFrame, runs: list) -> None:
     """--register: the best finished trial's encoder becomes a new version of the registered model (``runs``:
     the trials' MLflow runs, for a metric the trials table does not carry)."""
     from mocolab.tracking.logged_models import register_model
@@ -193,7 +201,7 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame, runs: list) -> None:
         return
     best = done.loc[done[metric].idxmax() if mode == "max" else done[metric].idxmin()]
     try:
-        name, version = register_model(best["run_id"], sweep.register, sweep.tracking_uri,
+        name, version = register_model(best["run_id"], sweep.register, tracking_uri,
                                        description=f"best of sweep '{sweep.name}' by {metric} ({mode}): "
                                                    f"{best['label']}, {metric} = {best[metric]:.4f}"
                                                    + (" (chosen on the test split: its test scores are optimistic)"
@@ -206,7 +214,7 @@ def _register_best(sweep: Sweep, trials: pd.DataFrame, runs: list) -> None:
                                            if metric in TEST_METRICS else ""))
 
 
-def _conclude(sweep: Sweep, parent, report: Report, grid: Any = None) -> int:
+def _conclude(sweep: Sweep, launch: Launch, place: SweepPlace, parent, report: Report, grid: Any = None) -> int:
     """Summarise, report and close the parent run; the exit status. ``grid``: Tune's results of this
     invocation, for the trials that errored before their MLflow run existed."""
     from mocolab.analysis.report import build_report
@@ -221,7 +229,7 @@ def _conclude(sweep: Sweep, parent, report: Report, grid: Any = None) -> int:
         print(f"{reason}: nothing to summarise", file=sys.stderr)
         parent.set_status("failed", mlflow_status="FAILED", reason=reason)
         return 1
-    text, figure, table = report(sweep.place.local, trials)
+    text, figure, table = report(place.local, trials)
     stopped = trials[trials["status"] == "stopped_early"]
     if not stopped.empty:
         text += "\nStopped early by the scheduler (a normal outcome of a search): " + ", ".join(
@@ -230,22 +238,22 @@ def _conclude(sweep: Sweep, parent, report: Report, grid: Any = None) -> int:
     text += code_note(trials)
     print(text)
     parent.log_summary(table, trials, figure, text)
-    rep = build_report(sweep.study, sweep.place.local / "report", parent_run=parent.run_id,
-                       tracking_uri=sweep.tracking_uri)
-    published = publish_report(sweep)
+    rep = build_report(sweep.study, place.local / "report", parent_run=parent.run_id,
+                       tracking_uri=launch.tracking_uri)
+    published = publish_report(place)
     if sweep.register:
-        _register_best(sweep, trials, parent.children())
+        _register_best(sweep, launch.tracking_uri, trials, parent.children())
     bad = trials[trials["status"].isin(["failed", "running", "interrupted"])]
     expected = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
     left = expected - int(trials["status"].isin(["finished", "diverged", "stopped_early"]).sum()) - len(bad)
     # a trial missing from MLflow is one --stop-after left for later, or one that failed before its run existed
     missing, n_missing = [f"{u} (before its MLflow run was created)" for u in unrecorded], len(unrecorded)
-    if not unrecorded and left > 0 and not sweep.stop_after:
-        missing = [f"{left} trial(s) ended without an MLflow run (Tune's record of each: {sweep.place.tune}; "
+    if not unrecorded and left > 0 and not launch.stop_after:
+        missing = [f"{left} trial(s) ended without an MLflow run (Tune's record of each: {place.tune}; "
                    f"Ray's logs: {ray_logs_dir()})"]
         n_missing = left
     if bad.empty and not missing and left > 0:  # --stop-after ended this invocation early, as asked
-        print(f"\n{expected - left} of {expected} trials done (--stop-after {sweep.stop_after}); the same "
+        print(f"\n{expected - left} of {expected} trials done (--stop-after {launch.stop_after}); the same "
               f"command runs the other {left}.")
         parent.set_status("partial", reason=f"{left} of {expected} trials to run; the same command continues")
     elif bad.empty and not missing:

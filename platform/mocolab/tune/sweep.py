@@ -39,37 +39,38 @@ from mocolab.tune.lost import lost_trials
 from mocolab.tune.progress import SweepProgress
 from mocolab.tune.release import ReleaseEndedTrials
 from mocolab.tune.search import build_scheduler, build_searcher, tune_space
-from mocolab.tune.spec import REGISTER_METRICS, Sweep, Trial, check_sweep, trial_overrides  # noqa: F401  (re-exported)
+from mocolab.tune.spec import (REGISTER_METRICS, Launch, Sweep, SweepPlace, Trial, check_sweep,  # noqa: F401
+                               trial_overrides)  # (Launch, Sweep, Trial re-exported)
 
 
-def resolve_resources(sweep: Sweep, cluster_cpus: float) -> tuple[int, float]:
+def resolve_resources(launch: Launch, cluster_cpus: float) -> tuple[int, float]:
     """(max concurrent trials, CPUs per worker): by default two single-worker trials share two cores.
 
     Each trial reserves its workers' CPUs and TRIAL_DRIVER_CPUS for its own function.  Where those slivers
     would cost whole trials (``--cpus-per-worker 2`` on two cores: 2 + 0.05 does not fit), each worker
     reserves a sliver less (1.95), and still computes on as many threads (``train.resources.threads_for``).
     """
-    w = max(1, sweep.workers_per_trial)
+    w = max(1, launch.workers_per_trial)
     driver = TRIAL_DRIVER_CPUS
-    cpus = sweep.cpus_per_worker
+    cpus = launch.cpus_per_worker
     if cpus is None:  # the cluster shared among the concurrent trials, less their drivers
-        conc = sweep.max_concurrent or max(1, int(cluster_cpus // w))
+        conc = launch.max_concurrent or max(1, int(cluster_cpus // w))
         return conc, math.floor(max(0.1, (cluster_cpus / conc - driver) / w) * 100) / 100
     fit = int(cluster_cpus // (w * cpus + driver))  # trials that fit with their drivers
     want = int(cluster_cpus / (w * cpus) + 1e-9)  # ... and without them
-    if sweep.max_concurrent is not None:
-        want = min(want, sweep.max_concurrent)
-    if sweep.workers_per_trial > 0 and want > fit:
+    if launch.max_concurrent is not None:
+        want = min(want, launch.max_concurrent)
+    if launch.workers_per_trial > 0 and want > fit:
         shaved = math.floor((cluster_cpus / want - driver) / w * 100 + 1e-6) / 100
         if shaved > 0 and threads_for(shaved) == threads_for(cpus):
             fit, cpus = want, shaved
-    return sweep.max_concurrent or max(1, fit), cpus
+    return launch.max_concurrent or max(1, fit), cpus
 
 
-def validate_sweep(sweep: Sweep) -> None:
+def validate_sweep(sweep: Sweep, launch: Launch) -> None:
     """Every trial's config is built and validated, the tracking store answers: before any trial starts."""
-    check_sweep(sweep)
-    check_tracking_uri(resolve_tracking_uri(sweep.tracking_uri))
+    check_sweep(sweep, launch)
+    check_tracking_uri(resolve_tracking_uri(launch.tracking_uri))
 
 
 # ------------------------------------------------------------------ MLflow parent
@@ -82,17 +83,17 @@ PARENT_GUIDE = ("This run is a sweep: each child run is one trial, named by what
                 "(`summary.csv`), the study's plot and `report/report.html`.")
 
 
-def open_parent(sweep: Sweep) -> SweepRun:
+def open_parent(sweep: Sweep, launch: Launch) -> SweepRun:
     """The sweep's MLflow parent run, found again by the sweep's name (a resumed sweep has one parent)."""
-    params = {"sweep.preset": sweep.preset, "sweep.workers_per_trial": sweep.workers_per_trial,
+    params = {"sweep.preset": sweep.preset, "sweep.workers_per_trial": launch.workers_per_trial,
               "sweep.trials": len(sweep.trials) or sweep.num_samples, "sweep.search": sweep.search,
               "sweep.search_space": str(sweep.search_space or [t.label for t in sweep.trials])[:6000],
               **{f"sweep.set.{k}": v for k, v in sweep.base_overrides.items()}}
     if sweep.search != "grid":
         params.update({"sweep.scheduler": sweep.scheduler, "sweep.metric": f"{sweep.metric} ({sweep.mode})"})
-    return SweepRun.open(Store(sweep.tracking_uri), sweep.study, sweep.name,
+    return SweepRun.open(Store(launch.tracking_uri), sweep.study, sweep.name,
                          description=f"{sweep.description}\n\n{PARENT_GUIDE}",
-                         params=params, tags={"preset": sweep.preset, "study": sweep.study, **sweep.source})
+                         params=params, tags={"preset": sweep.preset, "study": sweep.study, **launch.source})
 
 
 # ------------------------------------------------------------------ the trial
@@ -108,17 +109,18 @@ def _report_callback(metric: str | None):
     return _Callback()
 
 
-def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker: float) -> None:
-    label, over = trial_overrides(sweep, config, cpus_per_worker, tune.get_context().get_trial_id())
+def _trial_fn(config: dict, *, sweep: Sweep, launch: Launch, place: SweepPlace, parent_run_id: str,
+              cpus_per_worker: float) -> None:
+    label, over = trial_overrides(sweep, launch, place, config, cpus_per_worker, tune.get_context().get_trial_id())
     cfg = build_config(sweep.preset, over)
     metric = sweep.metric if sweep.search != "grid" else None  # a search's; a grid sends every report
     # Ray Train workers report to Tune through the callback; a W = 0 loop reports itself (training/session.py),
     # and the callback would only start its queue actor, a process that is never read
-    out = fit(cfg, tracking_uri=resolve_tracking_uri(sweep.tracking_uri), parent_run_id=parent_run_id,
-              tags={SWEEP_TAG: sweep.name, "trial": label, **sweep.source}, display_name=label,
+    out = fit(cfg, tracking_uri=resolve_tracking_uri(launch.tracking_uri), parent_run_id=parent_run_id,
+              tags={SWEEP_TAG: sweep.name, "trial": label, **launch.source}, display_name=label,
               callbacks=[_report_callback(metric)] if cfg.run.num_workers else None,
-              tune_trial=True, tune_metric=metric, progress=print, reuse_other_code=sweep.reuse_other_code,
-              continue_across_code=sweep.continue_across_code, neutral_changes=frozenset(sweep.neutral_changes))
+              tune_trial=True, tune_metric=metric, progress=print, reuse_other_code=launch.reuse_other_code,
+              continue_across_code=launch.continue_across_code, neutral_changes=frozenset(launch.neutral_changes))
     nan = float("nan")
     tune.report({"final": 1.0, "status": out.status, "label": label, "epoch": cfg.optim.epochs,
                  "linear_top1": out.linear_top1 if out.linear_top1 is not None else nan,
@@ -129,24 +131,20 @@ def _trial_fn(config: dict, *, sweep: Sweep, parent_run_id: str, cpus_per_worker
                  "mlflow_run_id": out.mlflow_run_id or ""})
 
 
-def resolve_sweep(sweep: Sweep) -> Sweep:
-    """The sweep with its store, storage and data paths made absolute: trials run in other working folders."""
-    return dataclasses.replace(sweep, tracking_uri=resolve_tracking_uri(sweep.tracking_uri),
-                               storage=sweep.storage if is_uri(sweep.storage)
-                               else str(Path(sweep.storage).expanduser().resolve()),
-                               base_overrides=absolute_paths(sweep.base_overrides))
+def resolve_sweep(sweep: Sweep, launch: Launch) -> tuple[Sweep, Launch]:
+    """The sweep's data paths, and the launch's store and storage, made absolute: trials run in other working
+    folders."""
+    return (dataclasses.replace(sweep, base_overrides=absolute_paths(sweep.base_overrides)),
+            dataclasses.replace(launch, tracking_uri=resolve_tracking_uri(launch.tracking_uri),
+                                storage=launch.storage if is_uri(launch.storage)
+                                else str(Path(launch.storage).expanduser().resolve())))
 
 
-def sweep_dir(sweep: Sweep) -> Path:
-    """The sweep's local folder: its lock, plot and report (``SweepPlace.local``)."""
-    return sweep.place.local
-
-
-def publish_report(sweep: Sweep) -> str | None:
+def publish_report(place: SweepPlace) -> str | None:
     """With URI storage, copy the study's plot and report beside its Tune and Train state; returns where."""
-    if not is_uri(sweep.storage):
+    if not place.storage.remote:
         return None
-    remote, local = sweep.place.root, sweep.place.local
+    remote, local = place.root, place.local
     for png in local.glob("*.png"):  # the study's own plot
         remote.put_file(png, png.name)
     if (local / "report").is_dir():
@@ -154,57 +152,54 @@ def publish_report(sweep: Sweep) -> str | None:
     return str(remote.child("report"))
 
 
-def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[SweepRun, Any]:
+def run_sweep(sweep: Sweep, launch: Launch, progress: Callable[[str], None] = print,
+              place: SweepPlace | None = None) -> tuple[SweepRun, Any]:
     """Validate, open (or find) the parent run, run (or resume) the trials; returns (parent, Tune results).
+    ``place``: where the sweep keeps its state (built from the launch's storage unless given).
 
     Everything that can be refused is refused before the parent run exists: bad input, a request the
     cluster can never place, another live invocation of the same sweep, a resume with other settings.
     """
-    sweep = resolve_sweep(sweep)
-    validate_sweep(sweep)
+    sweep, launch = resolve_sweep(sweep, launch)
+    validate_sweep(sweep, launch)
+    place = place or launch.place(sweep.name)
 
-    check_job_paths({"--storage": None if is_uri(sweep.storage) else sweep.storage,
-                     "--tracking-uri": local_store_path(sweep.tracking_uri)})
-    sweep.place.storage.check("--storage")
+    check_job_paths({"--storage": None if is_uri(launch.storage) else launch.storage,
+                     "--tracking-uri": local_store_path(launch.tracking_uri)})
+    place.storage.check("--storage")
 
-    ensure_ray(log_to_driver=sweep.verbose)
+    ensure_ray(log_to_driver=launch.verbose)
     # MLflow's source tags, once, in this driver (a trial's argv and folder are Ray's), Ray's job id included
-    sweep = dataclasses.replace(sweep, source=sweep.source or source_tags(tracking_uri=sweep.tracking_uri))
-    if not sweep.verbose:
+    launch = dataclasses.replace(launch, source=launch.source or source_tags(tracking_uri=launch.tracking_uri))
+    if not launch.verbose:
         quiet_tune()
         progress(f"Ray's own output (Tune's tables, the workers' logs) is in {ray_logs_dir()}; --verbose prints it "
                  f"here too")
     nodes = node_capacities()
     cluster_cpus = sum(n["CPU"] for n in nodes) or float(os.cpu_count() or 1)
-    conc, cpus = resolve_resources(sweep, cluster_cpus)
-    if sweep.cpus_per_worker is not None and cpus != sweep.cpus_per_worker:
+    conc, cpus = resolve_resources(launch, cluster_cpus)
+    if launch.cpus_per_worker is not None and cpus != launch.cpus_per_worker:
         threads = "run.threads" if "run.threads" in sweep.base_overrides else f"{threads_for(cpus)} thread(s)"
-        progress(f"--cpus-per-worker {sweep.cpus_per_worker:g}: each worker reserves {cpus:g} CPU, so that "
+        progress(f"--cpus-per-worker {launch.cpus_per_worker:g}: each worker reserves {cpus:g} CPU, so that "
                  f"{conc} trial(s) and their drivers ({TRIAL_DRIVER_CPUS:g} CPU each) fit in the cluster's "
                  f"{cluster_cpus:g} CPU; it computes on {threads}")
     base = build_config(sweep.preset, sweep.base_overrides)  # what every trial shares
-    # what run.device means on this cluster (a trial with workers resolves its own the same way)
-    gpus = worker_gpus(base.run.device, sweep.gpus_per_worker, sweep.workers_per_trial, nodes)
-    if sweep.workers_per_trial > 0:
-        check_placement(sweep.workers_per_trial, cpus, gpus, extra_cpus=TRIAL_DRIVER_CPUS,
-                        nodes=nodes, what="each trial")
-    else:
-        check_placement(1, cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker, gpus,
-                        nodes=nodes, what="each trial (local mode)")
-    with NameLock(sweep.place.local, f"sweep '{sweep.name}'", say=progress):
-        parent = open_parent(sweep)
+    slots = _Slots(conc, cpus, base.optim.epochs, _trial_resources(launch, cpus, base.run.device, nodes))
+    with NameLock(place.local, f"sweep '{sweep.name}'", say=progress):
+        parent = open_parent(sweep, launch)
         progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
-                 f"{conc} at a time, {sweep.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
+                 f"{conc} at a time, {launch.workers_per_trial} worker(s) x {cpus} CPU each; MLflow parent run "
                  f"{parent.run_id}{' (resumed)' if parent.resumed else ''} at {redact_uri(parent.uri)}")
-        stop = _StopAfter(sweep.stop_after) if sweep.stop_after else None
-        epochs = base.optim.epochs
+        stop = _StopAfter(launch.stop_after) if launch.stop_after else None
         total = len(sweep.trials) if sweep.search == "grid" else sweep.num_samples * len(sweep.seeds)
-        lines = SweepProgress(total, epochs, progress, on_change=_live_report(sweep, parent, progress),
-                              change_every_s=sweep.watch_s or 30)
+        lines = SweepProgress(total, slots.epochs, progress,
+                              on_change=_live_report(sweep, launch, place, parent, progress),
+                              change_every_s=launch.watch_s or 30)
+        run = _Invocation(sweep, launch, place, parent, slots, stop, lines, progress)
         try:
-            tuner = _tuner(sweep, parent, conc, cpus, epochs, stop, lines, progress)
+            tuner = _tuner(run)
             grid = tuner.fit() if tuner is not None else None
-            grid = _rerun_lost(grid, sweep, parent, conc, cpus, epochs, base.run.max_failures, stop, lines, progress)
+            grid = _rerun_lost(grid, run, base.run.max_failures)
         except BaseException as err:  # Ctrl-C, SIGTERM, an error: close every run, keep the sweep resumable
             _close_interrupted(parent, err)
             raise
@@ -219,6 +214,43 @@ def run_sweep(sweep: Sweep, progress: Callable[[str], None] = print) -> tuple[Sw
             if leftovers == "stopped_early":
                 parent.record_stopped_epoch(run_id)
     return parent, grid
+
+
+def _trial_resources(launch: Launch, cpus: float, device: str, nodes: list[dict]) -> dict[str, float]:
+    """What each trial's own process asks Ray for, once the cluster is known to place the trial: a sliver
+    beside its workers, or in local mode (no workers) what it trains on. ``device``: the trials' run.device."""
+    gpus = worker_gpus(device, launch.gpus_per_worker, launch.workers_per_trial, nodes)
+    if launch.workers_per_trial > 0:
+        check_placement(launch.workers_per_trial, cpus, gpus, extra_cpus=TRIAL_DRIVER_CPUS,
+                        nodes=nodes, what="each trial")
+        return {"CPU": TRIAL_DRIVER_CPUS}
+    own = cpus if launch.cpus_per_worker is None else launch.cpus_per_worker
+    check_placement(1, own, gpus, nodes=nodes, what="each trial (local mode)")
+    return {"CPU": own, **({"GPU": gpus} if gpus else {})}
+
+
+@dataclasses.dataclass
+class _Slots:
+    """What Ray gives the trials: how many at once, each worker's CPUs, each trial's own resources."""
+
+    concurrent: int
+    cpus: float
+    epochs: int
+    resources: dict[str, float]
+
+
+@dataclasses.dataclass
+class _Invocation:
+    """One invocation of a sweep, as its Tune runs (the first and any rerun of lost trials) need it."""
+
+    sweep: Sweep
+    launch: Launch
+    place: SweepPlace
+    parent: SweepRun
+    slots: _Slots
+    stop: Stopper | None
+    lines: SweepProgress
+    progress: Callable[[str], None]
 
 
 _LEFTOVER_REASON = {
@@ -261,21 +293,20 @@ def _close_interrupted(parent: SweepRun, err: BaseException) -> None:
     parent.set_status(status, mlflow_status=mlflow_status, reason=f"{reason}; run the same command again to resume")
 
 
-def _rerun_lost(grid: Any, sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, limit: int,
-                stop: Stopper | None, lines: SweepProgress, progress: Callable[[str], None]) -> Any:
+def _rerun_lost(grid: Any, run: _Invocation, limit: int) -> Any:
     """Run a grid's trials whose process was lost (a node died) again, from their checkpoints and into
     their MLflow runs, as the same command would: up to ``run.max_failures`` times. Trials that failed
     by raising are left failed. Tune's results of the last round are returned."""
-    if sweep.search != "grid":
+    if run.sweep.search != "grid":
         return grid
     for round_ in range(1, limit + 1):
         lost = lost_trials(grid)
-        if not lost or (stop is not None and stop.stop_all()):
+        if not lost or (run.stop is not None and run.stop.stop_all()):
             break
-        progress(f"{'; '.join(lost)}: the trial's process was lost (its node died, or it was killed); running "
-                 f"it again from its latest checkpoint ({round_}/{limit}, run.max_failures)")
-        lines.retrying(set(lost))
-        tuner = _tuner(sweep, parent, conc, cpus, epochs, stop, lines, progress, only=set(lost))
+        run.progress(f"{'; '.join(lost)}: the trial's process was lost (its node died, or it was killed); running "
+                     f"it again from its latest checkpoint ({round_}/{limit}, run.max_failures)")
+        run.lines.retrying(set(lost))
+        tuner = _tuner(run, only=set(lost))
         grid = tuner.fit() if tuner is not None else None
     return grid
 
@@ -289,28 +320,23 @@ def sweep_code(sweep: Sweep):
     return code_fingerprint(extra=tuple(sorted(modules)))
 
 
-def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, stop: Stopper | None,
-           lines: SweepProgress, progress: Callable[[str], None], only: set[str] | None = None):
+def _tuner(run: _Invocation, only: set[str] | None = None):
     """Tune's Tuner for this invocation (a resumed search, or the grid's remaining trials, or of those
     the ``only`` ones); None if all done."""
-    callbacks = [lines, ReleaseEndedTrials(progress)]
-    verbose = 1 if sweep.verbose else 0
-    resources = {"CPU": TRIAL_DRIVER_CPUS}
-    if sweep.workers_per_trial == 0:  # local mode: the trial process itself trains, on what Tune gives it
-        resources = {"CPU": cpus if sweep.cpus_per_worker is None else sweep.cpus_per_worker}
-        device = build_config(sweep.preset, sweep.base_overrides).run.device
-        if gpus := worker_gpus(device, sweep.gpus_per_worker, 0, node_capacities()):
-            resources["GPU"] = gpus
+    sweep, place, slots, progress = run.sweep, run.place, run.slots, run.progress
+    callbacks = [run.lines, ReleaseEndedTrials(progress)]
+    verbose = 1 if run.launch.verbose else 0
     trainable = tune.with_resources(
-        tune.with_parameters(partial(_trial_fn, sweep=sweep, parent_run_id=parent.run_id, cpus_per_worker=cpus)),
-        resources)
-    tune_path = sweep.place.tune
+        tune.with_parameters(partial(_trial_fn, sweep=sweep, launch=run.launch, place=place,
+                                     parent_run_id=run.parent.run_id, cpus_per_worker=slots.cpus)),
+        slots.resources)
+    tune_path = place.tune
     if sweep.search != "grid":
         # Not every report carries the search metric (the last epoch's kNN comes with the final
         # report; checkpoint-only reports have none): ASHA skips those, Optuna reads the last one.
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
         # A search's state lives in its searcher: resume it through Tune.
-        path = sweep.place.tune_at.child("search")
+        path = place.tune_at.child("search")
         if tune.Tuner.can_restore(path.location):
             progress(f"resuming the search from {path}")
             return tune.Tuner.restore(path.location, trainable=trainable, resume_errored=True)
@@ -319,48 +345,50 @@ def _tuner(sweep: Sweep, parent: SweepRun, conc: int, cpus: float, epochs: int, 
         return tune.Tuner(
             trainable, param_space=space,
             tune_config=tune.TuneConfig(
-                max_concurrent_trials=conc, num_samples=sweep.num_samples,
+                max_concurrent_trials=slots.concurrent, num_samples=sweep.num_samples,
                 search_alg=build_searcher(sweep.search, sweep.metric, sweep.mode, sweep.seeds[0]),
-                scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode, epochs)),
-            run_config=tune.RunConfig(name="search", storage_path=tune_path, verbose=verbose, stop=stop,
+                scheduler=build_scheduler(sweep.scheduler, sweep.metric, sweep.mode, slots.epochs)),
+            run_config=tune.RunConfig(name="search", storage_path=tune_path, verbose=verbose, stop=run.stop,
                                       callbacks=callbacks))
     # A grid resumes from MLflow: trials that finished (or diverged) are not run again; the rest
     # start over in a new Tune run, and each resumes its own Train run from its checkpoint.
     # a trial made by other code runs again, unless the sweep reuses whatever code made it
-    done = parent.done_labels(code=None if sweep.reuse_other_code else sweep_code(sweep).digest)
+    done = run.parent.done_labels(code=None if run.launch.reuse_other_code else sweep_code(sweep).digest)
     remaining = [t for t in sweep.trials if t.label not in done and (only is None or t.label in only)]
     if done and only is None:
         progress(f"{len(done)} trial(s) already done, {len(remaining)} to run")
     if not remaining:
         return None
-    attempt = 1 + sum(1 for n in sweep.place.tune_at.children() if n.startswith("attempt-"))
+    attempt = 1 + sum(1 for n in place.tune_at.children() if n.startswith("attempt-"))
     space = {"trial": tune.grid_search([{"label": t.label, "overrides": t.overrides} for t in remaining])}
     if only is None:
-        lines.total = len(remaining)
+        run.lines.total = len(remaining)
     # reuse_actors: a trial's process spends seconds importing torch, MLflow and mocolab; the next trial
     # starts in the process of one that returned instead (its own config, seed, data, model and MLflow run
     # all the same). Only a grid: there a trial's actor is kept only once its function has returned (Tune
     # keeps no errored one). A search's scheduler stops trials mid-epoch, and Tune fails the next trial
     # when a reused actor's training thread has not ended within seconds.
     return tune.Tuner(
-        trainable, param_space=space, tune_config=tune.TuneConfig(max_concurrent_trials=conc, reuse_actors=True),
-        run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=tune_path, verbose=verbose, stop=stop,
+        trainable, param_space=space,
+        tune_config=tune.TuneConfig(max_concurrent_trials=slots.concurrent, reuse_actors=True),
+        run_config=tune.RunConfig(name=f"attempt-{attempt}", storage_path=tune_path, verbose=verbose, stop=run.stop,
                                   callbacks=callbacks))
 
 
-def _live_report(sweep: Sweep, parent: SweepRun, progress: Callable[[str], None]) -> Callable[[], None] | None:
+def _live_report(sweep: Sweep, launch: Launch, place: SweepPlace, parent: SweepRun,
+                 progress: Callable[[str], None]) -> Callable[[], None] | None:
     """``--watch``: the report rewritten as trials progress (the study writes the final one at the end)."""
-    if not sweep.watch_s:
+    if not launch.watch_s:
         return None
     from mocolab.analysis.report import build_report
 
-    page = sweep.place.local / "report" / "report.html"
-    progress(f"live report: {page} (reloads itself every {sweep.watch_s} s while trials run)")
+    page = place.local / "report" / "report.html"
+    progress(f"live report: {page} (reloads itself every {launch.watch_s} s while trials run)")
 
     def write() -> None:
-        build_report(sweep.study, page.parent, parent_run=parent.run_id, tracking_uri=sweep.tracking_uri,
-                     log_artifacts=False, refresh_s=sweep.watch_s)
-        publish_report(sweep)
+        build_report(sweep.study, page.parent, parent_run=parent.run_id, tracking_uri=launch.tracking_uri,
+                     log_artifacts=False, refresh_s=launch.watch_s)
+        publish_report(place)
 
     return write
 
@@ -381,4 +409,4 @@ class _StopAfter(Stopper):
         return len(self.done) >= self.n
 
 
-__all__ = ["Sweep", "Trial", "open_parent", "resolve_sweep", "run_sweep", "sweep_dir", "validate_sweep"]
+__all__ = ["Launch", "Sweep", "Trial", "open_parent", "resolve_sweep", "run_sweep", "validate_sweep"]

@@ -45,7 +45,8 @@ def plan(args: argparse.Namespace, seeds: list[int]):
         from mocolab.analysis.momentum_plots import PAPER_MOMENTUM, baseline_frame, momentum_plot, momentum_table
 
         seeds_run = sorted({int(s) for s in trials_df["params.run.seed"].dropna()})
-        baselines, note = ([], "--no-baselines") if args.no_baselines else random_init(sweep, seeds_run)
+        baselines, note = (([], "--no-baselines") if args.no_baselines
+                           else random_init(sweep, seeds_run, args.tracking_uri))
         text, table = momentum_table(trials_df, baseline_frame(baselines), {**PAPER_MOMENTUM, **PAPER_TEXT}, note)
         figure = momentum_plot(table, PAPER_MOMENTUM, out_dir / "momentum.png", baseline_frame(baselines))
         return text, figure, table
@@ -53,7 +54,7 @@ def plan(args: argparse.Namespace, seeds: list[int]):
     return sweep, report
 
 
-def random_init(sweep: Sweep, seeds: list[int]) -> tuple[list, str]:
+def random_init(sweep: Sweep, seeds: list[int], tracking_uri: str | None) -> tuple[list, str]:
     """(the random-init encoder of each seed and the raw pixels, scored as the trials are; why none): measured
     once and logged as ``mocolab baselines`` does, in the set named as the sweep, so a resumed study, and the
     reproduction that measured them first, reads them back instead (seconds a seed)."""
@@ -61,7 +62,7 @@ def random_init(sweep: Sweep, seeds: list[int]) -> tuple[list, str]:
 
     overrides = [f"{k}={v}" for k, v in sweep.base_overrides.items()]  # the trials' --config and --set values
     try:
-        return log_baselines(sweep.name, sweep.preset, overrides, seeds, tracking_uri=sweep.tracking_uri), ""
+        return log_baselines(sweep.name, sweep.preset, overrides, seeds, tracking_uri=tracking_uri), ""
     except ValueError as err:  # a set of that name scored otherwise: the table goes on without it, saying why
         print(f"baselines: {err}", file=sys.stderr)
         return [], str(err)

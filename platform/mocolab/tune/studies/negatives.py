@@ -60,7 +60,7 @@ def plan(args: argparse.Namespace, seeds: list[int]):
         from mocolab.tracking import Store, resolve_tracking_uri
         from mocolab.analysis.negatives_plots import negatives_drift, negatives_plot
 
-        table, drift, epoch = negatives_drift(Store(resolve_tracking_uri(sweep.tracking_uri)), trials_df)
+        table, drift, epoch = negatives_drift(Store(resolve_tracking_uri(args.tracking_uri)), trials_df)
         lines = [f"{'setting':>22} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'age mean':>8} {'age max':>8} "
                  f"{'drift cos':>9} {'entry cos':>9} {'status':>10}"]
         for _, r in table.iterrows():

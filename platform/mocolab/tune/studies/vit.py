@@ -68,7 +68,7 @@ def plan(args: argparse.Namespace, seeds: list[int]):
         from mocolab.tracking import Store, resolve_tracking_uri
         from mocolab.analysis.vit_plots import GRAD_FIRST, patch_momentum_table, vit_plot
 
-        uri = resolve_tracking_uri(sweep.tracking_uri)  # the store the sweep wrote (cwd and env are unchanged)
+        uri = resolve_tracking_uri(args.tracking_uri)  # the store the sweep wrote (cwd and env are unchanged)
         table = patch_momentum_table(trials_df)
         df = trials_df.assign(**{"params.setting": [
             f"patch={'frozen' if _is_frozen(f) else 'trained'} m={float(m):g}"
