@@ -161,7 +161,7 @@ def _study_sweep(argv: list[str]):
 def test_register_ranks_by_a_validation_metric_unless_told():
     """--register picks the best trial by the validation split's linear probe; where the sweep holds none out it
     is refused at the door, naming the flag and the two ways on (hold one out, or rank by the test split)."""
-    from mocolab.tune.spec import check_sweep, register_warning
+    from mocolab.tune.spec import Launch, check_sweep, register_warning
 
     assert sweep_parser().parse_args(["--grid", "moco.m=0.9"]).register_metric == "val_linear_top1"
     for name in STUDIES:
@@ -170,20 +170,20 @@ def test_register_ranks_by_a_validation_metric_unless_told():
     with pytest.raises(ValueError, match=r"^--register-metric: val_linear_top1 \(the default\) ranks the trials on "
                                          r"a validation split, and data.val_size is 0.*--set data.val_size=N.*"
                                          r"--register-metric linear_top1"):
-        check_sweep(_study_sweep(NO_VAL))
+        check_sweep(_study_sweep(NO_VAL), Launch())
     with pytest.raises(ValueError, match=r"^--register-metric: val_knn_top1 ranks"):
-        check_sweep(_study_sweep([*NO_VAL, "--register-metric", "val_knn_top1"]))
+        check_sweep(_study_sweep([*NO_VAL, "--register-metric", "val_knn_top1"]), Launch())
     for argv in (WITH_VAL, NO_VAL[:-2], [*NO_VAL, "--register-metric", "final_loss"]):  # held out; no --register
-        check_sweep(_study_sweep(argv))
+        check_sweep(_study_sweep(argv), Launch())
         assert register_warning(_study_sweep(argv)) == ""
 
 
 @pytest.mark.parametrize("metric", ["linear_top1", "knn_top1"])
 def test_registering_by_a_test_metric_says_it_is_selection_on_the_test_split(metric):
-    from mocolab.tune.spec import check_sweep, register_warning
+    from mocolab.tune.spec import Launch, check_sweep, register_warning
 
     sweep = _study_sweep([*NO_VAL, "--register-metric", metric])
-    check_sweep(sweep)  # the user's choice: taken, with the warning
+    check_sweep(sweep, Launch())  # the user's choice: taken, with the warning
     warning = register_warning(sweep)
     assert warning.startswith(f"warning: --register-metric {metric} picks the best trial by its test-split score: "
                               f"that is model selection on the test split, so the registered model's {metric} is "

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from conftest import thread_share_env
 from mocolab.data.sets import fashion_mnist_dir
 from mocolab.tune.grid import check_grid, default_name, grid_sweep, grid_trials, parse_grid
-from mocolab.tune.spec import check_sweep
+from mocolab.tune.spec import Launch, check_sweep
 from readme_blocks import commands
 
 # Appended to each line of docs/studies.md's block: the smoke preset (its 8,192 images hold K = 4096), 4 steps
@@ -63,7 +63,7 @@ def test_a_bad_grid_names_what_is_wrong(items, message):
 def test_every_trials_config_is_checked_before_a_sweep_starts(grid, message):
     for search in ("grid", "optuna"):
         with pytest.raises(ValueError, match=re.escape(message)):
-            check_sweep(grid_sweep(check_grid(grid), preset="smoke", search=search, samples=2))
+            check_sweep(grid_sweep(check_grid(grid), preset="smoke", search=search, samples=2), Launch())
 
 
 def test_the_command_refuses_bad_input_at_once_and_writes_nothing(tmp_path):
@@ -129,7 +129,7 @@ def test_a_search_selects_on_a_validation_split_it_holds_out_never_on_the_test_s
     sweep = grid_sweep(check_grid({"moco.tau": [0.1, 0.2]}), preset="smoke", search="optuna", samples=2)
     assert sweep.metric == "val_knn_top1" and sweep.base_overrides["data.val_size"] == 60_000 // 12
     assert "on val_knn_top1 of 5,000 held-out training images" in sweep.description
-    check_sweep(sweep)
+    check_sweep(sweep, Launch())
     mine = grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke", search="optuna",
                       overrides={"data.val_size": 900})
     assert mine.base_overrides["data.val_size"] == 900  # the user's, kept
@@ -137,9 +137,9 @@ def test_a_search_selects_on_a_validation_split_it_holds_out_never_on_the_test_s
     for metric, message in (("knn_top1", "metric: 'knn_top1' is a test-split number"),
                             ("linear_top1", "metric: 'linear_top1' is a test-split number")):
         with pytest.raises(ValueError, match=re.escape(message)):
-            check_sweep(replace(sweep, metric=metric))
+            check_sweep(replace(sweep, metric=metric), Launch())
     with pytest.raises(ValueError, match=re.escape("data.val_size: 0 holds out no validation split")):
-        check_sweep(replace(sweep, base_overrides={**sweep.base_overrides, "data.val_size": 0}))
+        check_sweep(replace(sweep, base_overrides={**sweep.base_overrides, "data.val_size": 0}), Launch())
     with pytest.raises(ValueError, match=re.escape("data.val_size: 0 holds out no validation split for the "
                                                    "'val_knn_top1' a grid search / asha scheduler")):  # it selects too
-        check_sweep(replace(grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke"), scheduler="asha"))
+        check_sweep(replace(grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke"), scheduler="asha"), Launch())

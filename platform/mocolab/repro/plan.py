@@ -99,8 +99,8 @@ BN_MODES = ("plain", "groups", "split")
 BN_MODES_RANKS = ("plain", "groups", "split", "shuffle")
 # negatives_ablation.py's settings at --momenta 0.999: the four sources, the queue's two at the paper's m
 NEGATIVES = ("in batch", "memory bank", "queue fifo m=0.999", "queue random m=0.999")
-SYMMETRIC = "queue fifo symmetric m=0.999"
-SUPERVISED = "supervised"  # method.name of the supervised bound  # the queue arm of NEGATIVES with moco.symmetric=true
+SYMMETRIC = "queue fifo symmetric m=0.999"  # the queue arm of NEGATIVES with moco.symmetric=true
+SUPERVISED = "supervised"  # method.name of the supervised bound
 # vit_ablation.py --compare-versions: each version's own recipe (head, tau, augmentation, optimiser)
 VERSIONS = ("v1 convnet", "v2 convnet", "v3 convnet", "v3 vit_tiny")
 CONVNET = ("model.backbone=convnet", "model.width=32", "vit.patch_size=0", "vit.depth=0")

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 EXPERIMENT = "sweeps"  # where `mocolab sweep` logs unless --experiment says otherwise
 SEED = "run.seed"
-# Fields every trial's run gets from the sweep itself (tune/spec.py: trial_overrides), and the flag that sets each
+# Fields every trial's run gets from the sweep and its launch (tune/spec.py: trial_overrides), and the flag that
+# sets each
 SWEEP_FIELDS = {"run.num_workers": "--workers-per-trial", "run.cpus_per_worker": "--cpus-per-worker",
                 "run.gpus_per_worker": "--gpus-per-worker", "run.experiment": "--experiment",
                 "run.output_dir": "--storage", "run.name": "--name"}

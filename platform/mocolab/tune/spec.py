@@ -206,14 +206,13 @@ def check_launch(launch: Launch) -> None:
         check_number(flag, value)
 
 
-def check_sweep(sweep: Sweep, launch: Launch | None = None) -> None:
-    """Every flag in range, every trial's config built (as ``launch`` runs it, by default on one worker) and
-    validated and its data checked: all a sweep can be refused for without asking a server, so a study refuses
-    it before Ray, MLflow or torch is loaded."""
-    launch = launch or Launch()
+def check_sweep(sweep: Sweep, launch: Launch) -> None:
+    """Every flag in range, every trial's config built as ``launch`` runs it, validated and its data checked:
+    all a sweep can be refused for without asking a server, so a study refuses it before Ray, MLflow or torch
+    is loaded."""
     check_name("--name", sweep.name)
-    check_launch(launch)
     check_number("--samples", sweep.num_samples)
+    check_launch(launch)
     check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
     if sweep.search == "grid" and not sweep.trials:
         raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
@@ -227,7 +226,7 @@ def check_sweep(sweep: Sweep, launch: Launch | None = None) -> None:
     labels = [t.label for t in sweep.trials]
     if len(set(labels)) != len(labels):
         raise ValueError(f"trial labels must be unique: {labels}")
-    place = launch.place(sweep.name)
+    place = launch.place(sweep.name) if sweep.trials else None
     for t in sweep.trials:
         _, over = trial_overrides(sweep, launch, place, {"trial": {"label": t.label, "overrides": t.overrides}}, 1.0)
         _trial_config(sweep, over)

@@ -20,7 +20,7 @@ from mocolab.config.flags import check_seeds, parse_checked
 from mocolab.training.interrupts import closing_on_signals, exit_code
 from mocolab.config.code_fingerprint import neutral_changes
 from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
-from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Launch, Sweep, SweepPlace, Trial,
+from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Launch, Sweep, Trial,
                                check_sweep, register_warning)
 
 if TYPE_CHECKING:
@@ -164,10 +164,9 @@ def run_study(sweep: Sweep, launch: Launch, report: Report) -> int:
     from mocolab.tune.sweep import ending, resolve_sweep, run_sweep
 
     sweep, launch = resolve_sweep(sweep, launch)
-    place = launch.place(sweep.name)  # built once: run_sweep and the report share it
     with closing_on_signals():
         try:
-            parent, grid = run_sweep(sweep, launch, place=place)
+            parent, grid = run_sweep(sweep, launch)
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -176,7 +175,7 @@ def run_study(sweep: Sweep, launch: Launch, report: Report) -> int:
                   f"run the same command again to resume", file=sys.stderr)
             return exit_code(err)
         try:
-            return _conclude(sweep, launch, place, parent, report, grid)
+            return _conclude(sweep, launch, parent, report, grid)
         except BaseException as err:  # the sweep ran; a failure while summarising must still close its parent
             status, mlflow_status = ending(err)
             parent.set_status(status, mlflow_status=mlflow_status,
@@ -214,7 +213,7 @@ def _register_best(sweep: Sweep, tracking_uri: str | None, trials: pd.DataFrame,
                                            if metric in TEST_METRICS else ""))
 
 
-def _conclude(sweep: Sweep, launch: Launch, place: SweepPlace, parent, report: Report, grid: Any = None) -> int:
+def _conclude(sweep: Sweep, launch: Launch, parent, report: Report, grid: Any = None) -> int:
     """Summarise, report and close the parent run; the exit status. ``grid``: Tune's results of this
     invocation, for the trials that errored before their MLflow run existed."""
     from mocolab.analysis.report import build_report
@@ -222,6 +221,7 @@ def _conclude(sweep: Sweep, launch: Launch, place: SweepPlace, parent, report: R
     from mocolab.tune.lost import unrecorded_errors
     from mocolab.tune.sweep import publish_report, ray_logs_dir
 
+    place = launch.place(sweep.name)
     trials = parent.trials()
     unrecorded = unrecorded_errors(grid, set(trials["label"]) if not trials.empty else set())
     if trials.empty:

@@ -152,17 +152,15 @@ def publish_report(place: SweepPlace) -> str | None:
     return str(remote.child("report"))
 
 
-def run_sweep(sweep: Sweep, launch: Launch, progress: Callable[[str], None] = print,
-              place: SweepPlace | None = None) -> tuple[SweepRun, Any]:
+def run_sweep(sweep: Sweep, launch: Launch, progress: Callable[[str], None] = print) -> tuple[SweepRun, Any]:
     """Validate, open (or find) the parent run, run (or resume) the trials; returns (parent, Tune results).
-    ``place``: where the sweep keeps its state (built from the launch's storage unless given).
 
     Everything that can be refused is refused before the parent run exists: bad input, a request the
     cluster can never place, another live invocation of the same sweep, a resume with other settings.
     """
     sweep, launch = resolve_sweep(sweep, launch)
     validate_sweep(sweep, launch)
-    place = place or launch.place(sweep.name)
+    place = launch.place(sweep.name)
 
     check_job_paths({"--storage": None if is_uri(launch.storage) else launch.storage,
                      "--tracking-uri": local_store_path(launch.tracking_uri)})
@@ -184,7 +182,15 @@ def run_sweep(sweep: Sweep, launch: Launch, progress: Callable[[str], None] = pr
                  f"{conc} trial(s) and their drivers ({TRIAL_DRIVER_CPUS:g} CPU each) fit in the cluster's "
                  f"{cluster_cpus:g} CPU; it computes on {threads}")
     base = build_config(sweep.preset, sweep.base_overrides)  # what every trial shares
-    slots = _Slots(conc, cpus, base.optim.epochs, _trial_resources(launch, cpus, base.run.device, nodes))
+    # what run.device means on this cluster (a trial with workers resolves its own the same way)
+    gpus = worker_gpus(base.run.device, launch.gpus_per_worker, launch.workers_per_trial, nodes)
+    if launch.workers_per_trial > 0:
+        check_placement(launch.workers_per_trial, cpus, gpus, extra_cpus=TRIAL_DRIVER_CPUS,
+                        nodes=nodes, what="each trial")
+    else:
+        check_placement(1, cpus if launch.cpus_per_worker is None else launch.cpus_per_worker, gpus,
+                        nodes=nodes, what="each trial (local mode)")
+    slots = _Slots(conc, cpus, base.optim.epochs, base.run.device)
     with NameLock(place.local, f"sweep '{sweep.name}'", say=progress):
         parent = open_parent(sweep, launch)
         progress(f"sweep '{sweep.name}' ({sweep.study}): {len(sweep.trials) or sweep.num_samples} trial(s), "
@@ -216,27 +222,26 @@ def run_sweep(sweep: Sweep, launch: Launch, progress: Callable[[str], None] = pr
     return parent, grid
 
 
-def _trial_resources(launch: Launch, cpus: float, device: str, nodes: list[dict]) -> dict[str, float]:
-    """What each trial's own process asks Ray for, once the cluster is known to place the trial: a sliver
-    beside its workers, or in local mode (no workers) what it trains on. ``device``: the trials' run.device."""
-    gpus = worker_gpus(device, launch.gpus_per_worker, launch.workers_per_trial, nodes)
+def _trial_resources(launch: Launch, cpus: float, device: str) -> dict[str, float]:
+    """What each trial's own process asks Ray for: a sliver beside its workers, or in local mode (no workers)
+    what it trains on, GPUs as the cluster has them now (a rerun after a node died asks again).
+    ``device``: the trials' run.device."""
     if launch.workers_per_trial > 0:
-        check_placement(launch.workers_per_trial, cpus, gpus, extra_cpus=TRIAL_DRIVER_CPUS,
-                        nodes=nodes, what="each trial")
         return {"CPU": TRIAL_DRIVER_CPUS}
-    own = cpus if launch.cpus_per_worker is None else launch.cpus_per_worker
-    check_placement(1, own, gpus, nodes=nodes, what="each trial (local mode)")
-    return {"CPU": own, **({"GPU": gpus} if gpus else {})}
+    resources = {"CPU": cpus if launch.cpus_per_worker is None else launch.cpus_per_worker}
+    if gpus := worker_gpus(device, launch.gpus_per_worker, 0, node_capacities()):
+        resources["GPU"] = gpus
+    return resources
 
 
 @dataclasses.dataclass
 class _Slots:
-    """What Ray gives the trials: how many at once, each worker's CPUs, each trial's own resources."""
+    """What Ray gives the trials: how many at once, each worker's CPUs; the trials' epochs and run.device."""
 
     concurrent: int
     cpus: float
     epochs: int
-    resources: dict[str, float]
+    device: str
 
 
 @dataclasses.dataclass
@@ -329,7 +334,7 @@ def _tuner(run: _Invocation, only: set[str] | None = None):
     trainable = tune.with_resources(
         tune.with_parameters(partial(_trial_fn, sweep=sweep, launch=run.launch, place=place,
                                      parent_run_id=run.parent.run_id, cpus_per_worker=slots.cpus)),
-        slots.resources)
+        _trial_resources(run.launch, slots.cpus, slots.device))
     tune_path = place.tune
     if sweep.search != "grid":
         # Not every report carries the search metric (the last epoch's kNN comes with the final
