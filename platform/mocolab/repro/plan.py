@@ -159,7 +159,7 @@ STUDIES: tuple[Study, ...] = (
     # scored by the same kNN and probe (method/supervised.py); the sections at cpu-full read it as their scale
     Study("supervised-cpu-full", "momentum_ablation.py", "cpu-full", "method.name", (SUPERVISED,), 5, None,
           "The supervised bound: cpu-full's backbone, augmentation and steps, trained with the labels",
-          extra=("--momenta", "0.999", "--set", f"method.name={SUPERVISED}")),
+          extra=("--momenta", "0.999", "--set", f"method.name={SUPERVISED}"), reference=SUPERVISED),
     Study("versions-vit-quick", "vit_ablation.py", "vit-quick", LABEL, VERSIONS, 3, None,
           "MoCo v1, v2 and v3 at one budget (vit-quick's data, batch and epochs)", extra=("--compare-versions",),
           reference="v2 convnet", baseline_sets=CONVNET),
