@@ -107,6 +107,7 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
     from mocolab.tune.grid import EXPERIMENT, check_grid, grid_report, grid_sweep, parse_grid
     from mocolab.tune.spec import LAUNCH_FIELDS, Launch, check_sweep
 
+    _check_flags(flags, LAUNCH_FIELDS)
     launch = Launch(**{k: flags.pop(k) for k in LAUNCH_FIELDS if k in flags})
     points = parse_grid(grid) if not isinstance(grid, Mapping) else check_grid(grid)
     check_seeds(first_seed, seeds)
@@ -120,6 +121,22 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
     code = run_study(spec, launch, grid_report(list(points)))
     parent, trials = _parent_and_trials(spec.study, spec.name, launch.tracking_uri)
     return SweepResult(code, spec.study, spec.name, parent, trials)
+
+
+# what ``sweep``'s keyword flags may set besides the Launch's fields (``source`` is the driver's own)
+SWEEP_FLAGS = ("scheduler", "metric", "register", "register_metric")
+
+
+def _check_flags(flags: Mapping[str, Any], launch_fields: Sequence[str]) -> None:
+    """An unknown keyword of ``sweep`` is bad input: refused by name, with the closest settings."""
+    import difflib
+
+    allowed = sorted([*SWEEP_FLAGS, *(f for f in launch_fields if f != "source")])
+    for key in flags:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=2)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ValueError(f"sweep: {key!r} is not a sweep setting{hint}; the settings: {', '.join(allowed)}")
 
 
 def _parent_and_trials(experiment: str, name: str, tracking_uri: str | None):

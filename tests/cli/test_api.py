@@ -67,6 +67,18 @@ def test_build_config_applies_preset_then_file_then_overrides(tmp_path):
         mocolab.build_config("smoke", {"moco.nope": 1})
 
 
+def test_sweep_refuses_an_unknown_setting_by_name_before_any_work(tmp_path, monkeypatch):
+    import mocolab
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^sweep: 'max_concurent' is not a sweep setting \(did you mean "
+                                         r"max_concurrent\?\); the settings: .*workers_per_trial"):
+        mocolab.sweep({"moco.m": [0.9]}, preset="smoke", max_concurent=1)
+    with pytest.raises(ValueError, match=r"^sweep: 'source' is not a sweep setting"):  # the driver's own
+        mocolab.sweep({"moco.m": [0.9]}, preset="smoke", source={})
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 def test_the_cli_calls_the_api():
     """The commands hand their work to the API's functions rather than repeat it."""
     import ast
