@@ -188,8 +188,7 @@ def run_sweep(sweep: Sweep, launch: Launch, progress: Callable[[str], None] = pr
         check_placement(launch.workers_per_trial, cpus, gpus, extra_cpus=TRIAL_DRIVER_CPUS,
                         nodes=nodes, what="each trial")
     else:
-        check_placement(1, cpus if launch.cpus_per_worker is None else launch.cpus_per_worker, gpus,
-                        nodes=nodes, what="each trial (local mode)")
+        check_placement(1, _local_cpus(launch, cpus), gpus, nodes=nodes, what="each trial (local mode)")
     slots = _Slots(conc, cpus, base.optim.epochs, base.run.device)
     with NameLock(place.local, f"sweep '{sweep.name}'", say=progress):
         parent = open_parent(sweep, launch)
@@ -228,10 +227,16 @@ def _trial_resources(launch: Launch, cpus: float, device: str) -> dict[str, floa
     ``device``: the trials' run.device."""
     if launch.workers_per_trial > 0:
         return {"CPU": TRIAL_DRIVER_CPUS}
-    resources = {"CPU": cpus if launch.cpus_per_worker is None else launch.cpus_per_worker}
+    resources = {"CPU": _local_cpus(launch, cpus)}
     if gpus := worker_gpus(device, launch.gpus_per_worker, 0, node_capacities()):
         resources["GPU"] = gpus
     return resources
+
+
+def _local_cpus(launch: Launch, cpus: float) -> float:
+    """The CPUs a trial that trains in its own process (no workers) reserves: --cpus-per-worker as asked
+    (a local trial has no driver beside it to make room for), else its share from ``resolve_resources``."""
+    return cpus if launch.cpus_per_worker is None else launch.cpus_per_worker
 
 
 @dataclasses.dataclass
