@@ -8,6 +8,7 @@ refuses bad input with a ValueError that names the field, before it starts anyth
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
@@ -129,8 +130,6 @@ SWEEP_FLAGS = ("scheduler", "metric", "register", "register_metric")
 
 def _check_flags(flags: Mapping[str, Any], launch_fields: Sequence[str]) -> None:
     """An unknown keyword of ``sweep`` is bad input: refused by name, with the closest settings."""
-    import difflib
-
     allowed = sorted([*SWEEP_FLAGS, *(f for f in launch_fields if f != "source")])
     for key in flags:
         if key not in allowed:
