@@ -152,25 +152,46 @@ def test_a_momentum_claim_needs_five_half_lives_of_the_larger_m_and_a_budget_bel
     assert plain.met is True
 
 
-def test_a_control_borrows_its_comparison_arms_and_reads_alike_different_or_inconclusive(tmp_path):
-    sym, neg = study("symmetric-cpu-full"), study("negatives-cpu-full")
-    assert set(sym.borrowed) | {sym.reference} <= set(neg.arms) and sym.reference_from == neg.name
+def _symmetric_results(tmp_path, inbatch_device: str = "x"):
+    """The control's own arm, momentum-cpu-full's m = 0.999 and the in-batch study: the symmetric loss within a
+    tenth of a point of the queue arm, the in-batch arm 3 points lower; the in-batch runs made on ``inbatch_device``."""
+    sym, full, inb = study("symmetric-cpu-full"), study("momentum-cpu-full"), study("inbatch-cpu-full")
     results = tmp_path / "results"
     results.mkdir()
-    # the symmetric loss: within a tenth of a point of the queue arm; the in-batch arm 3 points lower
     _rows(sym.name, {"queue fifo symmetric m=0.999": _seeded(0.030, 0.0004, 0)}).to_csv(
         results / f"{sym.name}.csv", index=False)
-    _rows(neg.name, {"queue fifo m=0.999": _seeded(0.030, 0.0004, 1), "in batch": _seeded(0.0, 0.001, 2),
-                     "memory bank": _seeded(-0.05, 0.001, 3)}).to_csv(results / f"{neg.name}.csv", index=False)
+    _rows(full.name, {"0.999": _seeded(0.030, 0.0004, 1), "0.99": _seeded(0.2, 0.001, 3)}).assign(
+        queue_size=16384, ema_half_life=693.0).to_csv(results / f"{full.name}.csv", index=False)
+    _rows(inb.name, {"in batch": _seeded(0.0, 0.001, 2)}).assign(device=inbatch_device).to_csv(
+        results / f"{inb.name}.csv", index=False)
     doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures").markdown
     section = doc[doc.index(f"## {sym.title}"):]
-    section = section[:section.index("\n## ")]
-    assert "read from the study `negatives-cpu-full`, with its settings (its section): `queue fifo m=0.999`, " \
-           "`in batch`" in section and "memory bank" not in section  # only the named arms are borrowed
+    return section[:section.index("\n## ")]
+
+
+def test_a_control_borrows_its_comparison_arms_under_its_names_and_reads_alike_different_or_inconclusive(tmp_path):
+    sym = study("symmetric-cpu-full")
+    assert [(b.study, b.arm, b.here) for b in sym.borrow] == [
+        ("momentum-cpu-full", "0.999", "queue fifo m=0.999"), ("inbatch-cpu-full", "in batch", "in batch")]
+    section = _symmetric_results(tmp_path)
+    assert "read from other studies, with their settings (their sections): `queue fifo m=0.999` " \
+           "(`momentum-cpu-full`'s `0.999`), `in batch` (`inbatch-cpu-full`)" in section
+    assert "| queue fifo m=0.999 (reference) | 5 |" in section and "| in batch | 5 |" in section
+    assert "| 0.99 |" not in section  # only the named arms are borrowed
     first = next(x for x in section.splitlines() if x.startswith("- *Control (no paper claim): the symmetric loss"))
     assert "**alike (within the margin)**" in first
     second = next(x for x in section.splitlines() if x.startswith("- *Control (no paper claim): what remains"))
     assert "**different: queue fifo symmetric m=0.999 higher**" in second
+
+
+def test_a_borrowed_arm_made_on_another_kind_of_machine_is_left_out_and_the_section_says_so(tmp_path):
+    section = _symmetric_results(tmp_path, inbatch_device="Intel(R) Xeon(R) Processor, 2 cores, AVX-512 BF16")
+    assert "- `in batch` from `inbatch-cpu-full`: 5 run(s) made on `Intel(R) Xeon(R) Processor, 2 cores, " \
+           "AVX-512 BF16` left out (this study's runs were made on `x`; a pair across machines is not a pair)" \
+           in section
+    assert "| in batch |" not in section and "mixed" not in section
+    second = next(x for x in section.splitlines() if x.startswith("- *Control (no paper claim): what remains"))
+    assert "**alike" not in second and "**different" not in second
 
 
 def test_the_supervised_bound_is_the_top_of_the_scale_of_the_sections_at_its_budget_only(tmp_path):

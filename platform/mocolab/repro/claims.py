@@ -93,7 +93,7 @@ MOMENTUM = PaperClaims(
      Claim("training fails at m = 0: its encoder is no better than the random-init network it starts from",
            (("0", RANDOM_INIT),), kind=FAILS)))
 
-# by the field a study's arms differ in, else by its script
+# by the study's name, the field its arms differ in, or its script (repro/plan.py)
 PAPER: dict[str, PaperClaims] = {
     "moco.m": MOMENTUM,
     "queue.size": PaperClaims(
@@ -133,9 +133,10 @@ PAPER: dict[str, PaperClaims] = {
         (Claim("the memory bank is below MoCo's FIFO queue, even trained three times as long",
                (("queue fifo m=0.999", "memory_bank"),)),)),
     "moco.symmetric": PaperClaims(
-        "No paper claim: a control. The in-batch arm of `negatives-cpu-full` differs from its queue arm in three "
-        "ways at once: a symmetric loss, no key encoder and 2B − 2 negatives. This study changes the first alone: "
-        "the queue arm (key encoder at m = 0.999, 16,384 queued negatives) with the loss computed both ways, each "
+        "No paper claim: a control. The in-batch arm differs from the queue arm in three ways at once: a "
+        "symmetric loss, no key encoder and 2B − 2 negatives. This study changes the first alone: the queue arm "
+        "(key encoder at m = 0.999, 16,384 queued negatives; `momentum-cpu-full`'s m = 0.999, the same config as "
+        "`negatives-cpu-full`'s queue fifo arm) with the loss computed both ways, each "
         "view a query against the other view's key; only the second view's keys enter the queue, so its writes "
         "and ages stay the queue arm's. Both views of each image now train the encoder, which the MoCo authors' "
         "CIFAR demo reports acts like about twice the epochs: the control changes that with the loss.",
@@ -143,6 +144,10 @@ PAPER: dict[str, PaperClaims] = {
                (("queue fifo symmetric m=0.999", "queue fifo m=0.999"),), kind=EQUAL, control=True),
          Claim("what remains between the in-batch arm and the symmetric queue arm (the key encoder, the negatives)",
                (("queue fifo symmetric m=0.999", "in batch"),), kind=EQUAL, control=True))),
+    "inbatch-cpu-full": PaperClaims(
+        "No paper claim: the in-batch arm of `negatives-cpu-full` (the same config), five seeds, made on the kind "
+        "of machine the symmetric control's runs were made on, so that the control pairs its three arms by seed "
+        "on one CPU (its verdicts are in the control's section).", ()),
     "method.name": PaperClaims(
         "No paper claim: the scale. The MoCo paper compares with a supervised ResNet-50 (76.5 % ImageNet top-1 "
         "against MoCo's 60.6); here the bound is the same small network, augmentation and number of steps as "
@@ -160,5 +165,6 @@ BASELINE_CHECK = Claim("each arm's encoder beats its random-init start", ())  # 
 NO_CLAIMS = PaperClaims("The paper gives no number here.", ())
 
 
-def paper_claims(by: str, script: str) -> PaperClaims:
-    return PAPER.get(by) or PAPER.get(script) or NO_CLAIMS
+def paper_claims(name: str, by: str, script: str) -> PaperClaims:
+    """A study's claims: its own where it has them, else its field's, else its script's."""
+    return PAPER.get(name) or PAPER.get(by) or PAPER.get(script) or NO_CLAIMS

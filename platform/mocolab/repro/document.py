@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -309,10 +310,12 @@ def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
 
 
 def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
-                  history: pd.DataFrame | None = None, bound: Bound | None = None) -> tuple[str, Path]:
+                  history: pd.DataFrame | None = None, bound: Bound | None = None,
+                  left_out: Sequence[str] = ()) -> tuple[str, Path]:
     """(the section of a study whose arms are any config field's values or a script's settings, its figure).
     ``history``: the trials' curves (``results/history/<study>.csv``), drawn where the study reads pretext
-    accuracy. ``bound``: the supervised bound's runs, the top of the scale where the budget is the same."""
+    accuracy. ``bound``: the supervised bound's runs, the top of the scale where the budget is the same.
+    ``left_out``: a line for each borrowed arm whose runs were not read, and why."""
     frame = frame.assign(arm=frame["arm"].astype(str))
     arms = _arms(study, frame)
     init = {m: by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
@@ -340,13 +343,13 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
     pairing = ("paired by seed: seed s of every arm sees the same batches, but the recipes build different "
                "networks" if study.baseline_sets else
                "paired: seed s of every arm starts from the same encoder, and epoch e of every arm draws the same "
-               "batches" if study.reference_from else
+               "batches" if study.borrow else
                "paired: seed s of every arm starts from the same encoder and sees the same batches")
     reference = (f"the reference arm is `{study.reference}`" if study.reference in arms
                  else f"the reference arm `{study.reference}` has no finished run yet")
-    if study.reference_from:
-        theirs = ", ".join(f"`{a}`" for a in (study.reference, *study.borrowed))
-        reference += f"; read from the study `{study.reference_from}`, with its settings (its section): {theirs}"
+    if study.borrow:
+        theirs = ", ".join(f"`{b.here}` (`{b.study}`" + (f"'s `{b.arm}`)" if b.name else ")") for b in study.borrow)
+        reference += f"; read from other studies, with their settings (their sections): {theirs}"
     text = "\n".join([
         f"## {study.title}",
         "",
@@ -355,6 +358,7 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
         "split (10,000 images) for every number.",
         "",
         *_provenance(frame),
+        *left_out,
         "",
         f"Run by `mocolab repro --study {study.name}` as: `python {' '.join(study.command(_precision(frame), 1))}`, "
         f"after `mocolab baselines --preset {study.preset} --seeds {study.seeds} --name {study.name}` with the same "
@@ -473,19 +477,14 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         if not path.is_file():
             sections.append(not_run(study))
             continue
-        frame = pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
-        other = results / f"{study.reference_from}.csv"
-        if study.reference_from and other.is_file():  # the reference arm (and any borrowed), as their study ran them
-            borrowed = pd.read_csv(other, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
-            arms = borrowed["arm"].isin([study.reference, *study.borrowed])
-            frame = pd.concat([frame, borrowed[arms].assign(study=study.name)], ignore_index=True)
+        frame, left_out = _with_borrowed(study, _read(path), results)
         curves = results / HISTORY / f"{study.name}.csv"
         history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":
             text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history, bound)
             headlines.append(headline)
         else:
-            text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound)
+            text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound, left_out)
         sections.append(text)
         figures.append(figure)
     markdown = "\n".join([
@@ -511,14 +510,39 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     return Written(markdown, "\n\n".join(headlines), figures)
 
 
+def _read(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
+
+
+def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The study's rows and those of the arms it borrows, under the names its claims use; a borrowed run made
+    on another kind of machine than this study's own is left out (a line says so): seed s there is not seed s
+    here, as the same config and seed train otherwise on another CPU."""
+    own = {str(v) for v in frame.loc[frame["study"] == study.name, "device"].dropna()}
+    parts, left_out = [frame], []
+    for b in study.borrow:
+        path = results / f"{b.study}.csv"
+        if not path.is_file():
+            continue
+        rows = _read(path)
+        rows = rows[rows["arm"] == b.arm]
+        same = rows["device"].astype(str).isin(own) if own else pd.Series(True, index=rows.index)
+        if (~same).any():
+            theirs = ", ".join(f"`{d}`" for d in sorted(set(rows.loc[~same, "device"].astype(str))))
+            left_out.append(f"- `{b.here}` from `{b.study}`: {int((~same).sum())} run(s) made on {theirs} left out "
+                            f"(this study's runs were made on {', '.join(f'`{d}`' for d in sorted(own))}; a pair "
+                            f"across machines is not a pair)")
+        parts.append(rows[same].assign(study=study.name, arm=b.here))
+    return pd.concat(parts, ignore_index=True), left_out
+
+
 def _bound(results: Path) -> Bound | None:
     """The supervised bound's study, read from its CSV where it has run."""
     bound = next((s for s in STUDIES if s.by == "method.name" and s.arms == (SUPERVISED,)), None)
     path = results / f"{bound.name}.csv" if bound else None
     if path is None or not path.is_file():
         return None
-    return Bound(bound, pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str}),
-                 bound.steps())
+    return Bound(bound, _read(path), bound.steps())
 
 
 def not_run(study: Study) -> str:

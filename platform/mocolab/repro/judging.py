@@ -63,7 +63,7 @@ def learning_is_plain(study: Study, frame: pd.DataFrame) -> Plain:
 
 
 def _in_study(study: Study, arm: str) -> bool:
-    return arm in study.arms or arm in (study.reference, *study.borrowed) or arm == RANDOM_INIT
+    return arm in study.arms or arm in (study.reference, *(b.here for b in study.borrow)) or arm == RANDOM_INIT
 
 
 def judge_claim(claim: Claim, study: Study, frame: pd.DataFrame, steps: int) -> list[tuple[tuple[str, str], Judged]]:
@@ -165,7 +165,7 @@ def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
 
 def judge_study(study: Study, frame: pd.DataFrame, steps: int):
     """(the paper's text, the claims judged, the baseline checks judged, the "learning is plain" check)."""
-    paper = paper_claims(study.by, study.script)
+    paper = paper_claims(study.name, study.by, study.script)
     claims = [(c, judge_claim(c, study, frame, steps)) for c in paper.claims]
     base = baseline_claim(study, frame)
     baselines = [(base, judge_claim(base, study, frame, steps))]

@@ -23,6 +23,22 @@ def word(value: Value) -> str:
 
 
 @dataclass(frozen=True)
+class Borrowed:
+    """An arm another study ran, read into this one: ``arm`` as that study's CSV writes it, ``name`` as this
+    study's claims call it (the same unless given). Its rows are read only where they were made on the kind
+    of machine this study's own runs were made on: the same config and seed train otherwise on another CPU
+    (its bf16 kernels differ), so a pair across machines would not be a pair (repro/document.py)."""
+
+    study: str
+    arm: str
+    name: str = ""
+
+    @property
+    def here(self) -> str:
+        return self.name or self.arm
+
+
+@dataclass(frozen=True)
 class Study:
     """One study of the reproduction.
 
@@ -35,10 +51,10 @@ class Study:
     other is tested against in the write-up.  ``baseline_sets``: ``--set`` values for the baselines alone
     (where the preset's encoder is not the one the arms train).  ``workers``: Ray Train workers per trial (0:
     one process per trial, two trials at a time on two cores; 2: one two-rank trial at a time).
-    ``reference_from``: the study whose arm ``reference`` is, where it is none of this study's own (the
-    write-up reads that arm's rows from its CSV and pairs them by seed); ``borrowed``: more of that study's arms
-    read the same way.  ``names``: (the arm as ``by``'s value writes it, the arm's name in the write-up), where
-    the value alone says little (``moco.symmetric``'s True).
+    ``borrow``: arms of other studies this one compares with (the reference among them where it is none of
+    this study's own): the write-up reads their rows from those studies' CSVs and pairs them by seed.
+    ``names``: (the arm as ``by``'s value writes it, the arm's name in the write-up), where the value alone
+    says little (``moco.symmetric``'s True).
     """
 
     name: str
@@ -53,8 +69,7 @@ class Study:
     reference: str = ""
     baseline_sets: tuple[str, ...] = field(default=())
     workers: int = 0
-    reference_from: str = ""
-    borrowed: tuple[str, ...] = field(default=())
+    borrow: tuple[Borrowed, ...] = field(default=())
     names: tuple[tuple[str, str], ...] = field(default=())
 
     @property
@@ -99,6 +114,7 @@ BN_MODES = ("plain", "groups", "split")
 BN_MODES_RANKS = ("plain", "groups", "split", "shuffle")
 # negatives_ablation.py's settings at --momenta 0.999: the four sources, the queue's two at the paper's m
 NEGATIVES = ("in batch", "memory bank", "queue fifo m=0.999", "queue random m=0.999")
+QUEUE_ARM, IN_BATCH = NEGATIVES[2], NEGATIVES[0]
 SYMMETRIC = "queue fifo symmetric m=0.999"  # the queue arm of NEGATIVES with moco.symmetric=true
 SUPERVISED = "supervised"  # method.name of the supervised bound
 # vit_ablation.py --compare-versions: each version's own recipe (head, tau, augmentation, optimiser)
@@ -148,13 +164,21 @@ STUDIES: tuple[Study, ...] = (
     Study("bank-30ep-cpu-full", "momentum_ablation.py", "cpu-full", "moco.negatives", ("memory_bank",), 3, None,
           "The memory bank trained three times as long: cpu-full at 30 epochs",
           extra=("--momenta", "0.999", "--set", "moco.negatives=memory_bank", "--set", "optim.epochs=30"),
-          reference="queue fifo m=0.999", reference_from="negatives-cpu-full"),
-    # the first one-change control between the queue arm and the in-batch arm of negatives-cpu-full, which
-    # differ in three ways at once: the queue arm with the symmetric loss (repro/claims.py says what it asks)
+          reference="queue fifo m=0.999", borrow=(Borrowed("negatives-cpu-full", "queue fifo m=0.999"),)),
+    # the in-batch arm of negatives-cpu-full (the same overrides, five seeds), run on the machine the symmetric
+    # control runs on, so that the control's three arms pair on one kind of CPU
+    Study("inbatch-cpu-full", "momentum_ablation.py", "cpu-full", "moco.negatives", (IN_BATCH,), 5, None,
+          "The in-batch arm (end-to-end negatives) for the symmetric control, cpu-full budget",
+          extra=("--momenta", "0.999", "--set", "moco.negatives=in_batch"), reference=IN_BATCH,
+          names=(("in_batch", IN_BATCH),)),
+    # the first one-change control between the queue arm and the in-batch arm, which differ in three ways at
+    # once: the queue arm with the symmetric loss (repro/claims.py says what it asks). The queue arm is
+    # momentum-cpu-full's m = 0.999 (the same config as negatives-cpu-full's queue fifo arm, five seeds)
     Study("symmetric-cpu-full", "momentum_ablation.py", "cpu-full", "moco.symmetric", (SYMMETRIC,), 5, None,
           "A control: the queue arm with a symmetric loss, beside the queue and in-batch arms, cpu-full budget",
-          extra=("--momenta", "0.999", "--set", "moco.symmetric=true"), reference="queue fifo m=0.999",
-          reference_from="negatives-cpu-full", borrowed=("in batch",), names=(("True", SYMMETRIC),)),
+          extra=("--momenta", "0.999", "--set", "moco.symmetric=true"), reference=QUEUE_ARM,
+          borrow=(Borrowed("momentum-cpu-full", "0.999", QUEUE_ARM), Borrowed("inbatch-cpu-full", IN_BATCH)),
+          names=(("True", SYMMETRIC),)),
     # how much there is to learn at cpu-full: the same backbone, augmentation and steps trained with the labels,
     # scored by the same kNN and probe (method/supervised.py); the sections at cpu-full read it as their scale
     Study("supervised-cpu-full", "momentum_ablation.py", "cpu-full", "method.name", (SUPERVISED,), 5, None,
