@@ -205,3 +205,18 @@ def test_every_study_script_runs_its_grid_seed_by_seed_so_a_study_stopped_part_w
         sweep, _ = mod.plan(args, seeds_of(args))
         seeds = [int(t.label.rsplit("seed=", 1)[1]) for t in sweep.trials]
         assert seeds == sorted(seeds) and len(set(seeds)) == 3, (mod.__name__, seeds)
+
+
+def test_a_section_names_the_uncommitted_files_its_dirty_runs_were_made_with(tmp_path):
+    s = study("bn-cpu-quick")
+    frame = _frame({"plain": [0.80, 0.805, 0.79], "split": [0.87, 0.8752, 0.8722]})
+    text, _ = study_section(s, frame, tmp_path, "figures")
+    assert "uncommitted" not in text  # a clean checkout: no line
+    frame.loc[:2, "dirty"] = "true"
+    frame.loc[:1, "changed"] = "docs/REPRODUCTION.md, README.md"
+    frame.loc[2, "changed"] = "docs/REPRODUCTION.md"
+    frame.loc[3, "dirty"] = "true"  # dirty before the changed files were tagged
+    text, _ = study_section(s, frame, tmp_path, "figures")
+    assert f"- 4 of {len(frame)} runs were made from a checkout with uncommitted changes " \
+           "(`mocolab.source.git.dirty`); the files changed, with the runs made so: `docs/REPRODUCTION.md` (3), " \
+           "`README.md` (2); not recorded for 1 run(s), made before the changed files were tagged" in text

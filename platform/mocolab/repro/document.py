@@ -96,10 +96,27 @@ def _provenance(frame: pd.DataFrame) -> list[str]:
             continue
         flag = "" if len(values) == 1 or col == "commit" else " — **mixed: these runs are not comparable**"
         lines.append(f"- {label}: {', '.join(f'`{v}`' for v in values)}{flag}")
-    if (frame["dirty"].astype(str).str.lower() == "true").any():
-        lines.append("- some runs were made from a checkout with uncommitted changes (`mocolab.source.git.dirty`)")
+    dirty = frame["dirty"].astype(str).str.lower() == "true"
+    if dirty.any():
+        lines.append(_dirty_line(frame[dirty], len(frame)))
     lines.append(_code_line(frame))
     return lines
+
+
+def _dirty_line(dirty: pd.DataFrame, runs: int) -> str:
+    """Which uncommitted files the dirty runs' checkouts had, so a reader sees whether code or only text changed
+    (the code fingerprint on the next line is the code's own word)."""
+    changed = (dirty["changed"].fillna("").astype(str).replace("nan", "") if "changed" in dirty
+               else pd.Series("", index=dirty.index))
+    counts: dict[str, int] = {}
+    for files in changed[changed != ""]:
+        for name in files.split(", "):
+            counts[name] = counts.get(name, 0) + 1
+    where = ", ".join(f"`{f}` ({n})" for f, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    unknown = int((changed == "").sum())
+    return (f"- {len(dirty)} of {runs} runs were made from a checkout with uncommitted changes "
+            f"(`mocolab.source.git.dirty`)" + (f"; the files changed, with the runs made so: {where}" if where else "")
+            + (f"; not recorded for {unknown} run(s), made before the changed files were tagged" if unknown else ""))
 
 
 def _code_line(frame: pd.DataFrame) -> str:

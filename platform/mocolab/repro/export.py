@@ -11,6 +11,7 @@ import pandas as pd
 
 from mocolab.tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
 from mocolab.tracking.store import BASELINE_KIND_TAG as KIND_TAG
+from mocolab.tracking.source import CHANGED_TAG
 from mocolab.tracking.store import CODE_TAG, SEGMENTS_TAG, latest_trial_runs
 from mocolab.tracking.store import BASELINE_SET_TAG as SET_TAG
 from mocolab.tracking.store import BASELINES_EXPERIMENT as BASELINES
@@ -18,7 +19,7 @@ from mocolab.repro.plan import HISTORY, LABEL, Study, word
 
 COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
            "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",
-           "run_id", "code", "code_segments"]
+           "run_id", "code", "code_segments", "changed"]
 # the MLflow experiment each study script logs to (its make_sweep's study); the parent run is tagged with --name
 EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation", "queue_ablation.py": "queue-ablation",
                "augmentation_ablation.py": "augmentation-ablation", "negatives_ablation.py": "negatives-ablation",
@@ -77,7 +78,8 @@ def _common(run) -> dict:
             "precision": tags.get("mocolab.precision", ""), "torch": tags.get("mocolab.torch", ""),
             "device": tags.get("mocolab.device", ""), "run_id": run.info.run_id,
             # the code that made it (empty: before code fingerprints) and, across a change, its segments
-            "code": tags.get(CODE_TAG, ""), "code_segments": tags.get(SEGMENTS_TAG, "")}
+            "code": tags.get(CODE_TAG, ""), "code_segments": tags.get(SEGMENTS_TAG, ""),
+            "changed": tags.get(CHANGED_TAG, "")}  # the uncommitted files of a dirty checkout, where recorded
 
 
 def _trial_runs(study: Study, store: Store) -> list[tuple]:
