@@ -14,7 +14,7 @@ from mocolab.analysis.stats import holm, paired
 from mocolab.repro.document import _pretext_curves, not_run, study_section, write
 from mocolab.repro.judging import judge_study
 from mocolab.repro.export import EXPERIMENTS, _order, arm_of
-from mocolab.repro.plan import STUDIES, study
+from mocolab.repro.plan import SAME_CONFIG, STUDIES, study
 
 
 def test_the_momentum_studies_keep_their_command_lines_so_a_running_study_resumes():
@@ -53,8 +53,11 @@ def test_every_new_study_runs_the_arms_its_script_makes_and_is_found_by_the_expo
     versions = study("versions-vit-quick")
     assert list(versions.arms) == list(RECIPES) and "model.backbone=convnet" in versions.baseline_overrides("bf16")
     assert [(b.study, b.arm) for b in bank.borrow] == [("negatives-cpu-full", bank.reference)]
+    twins = [{arm for _, arm in group} | {(name, arm) for name, arm in group} for group in SAME_CONFIG]
     for s in STUDIES:  # every borrowed arm is one its study plans; the reference is this study's or a borrowed one
         assert all(b.arm in study(b.study).arms for b in s.borrow), s.name
+        # an arm borrowed under another study's name for it trains that arm's config (a test checks the configs)
+        assert all(any((b.study, b.arm) in t and b.name in t for t in twins) for b in s.borrow if b.name), s.name
         assert s.reference == "" and (s.by == "moco.m" or len(s.arms) == 1) or s.reference in (
             *s.arms, *(b.here for b in s.borrow)), s.name
 

@@ -165,17 +165,20 @@ def test_the_committed_document_and_readme_table_regenerate_from_the_committed_c
     assert not copied, f"a table beside the paper's numbers outside the generated ones: {copied}"
 
 
-def test_every_row_of_the_committed_csvs_is_a_run_of_the_committed_store_with_the_same_numbers(tmp_path):
-    """README and the document say every row is a run of results/runs.db: a row without its run, or whose
-    accuracies differ from the run's, fails here (a copy is opened: MLflow may touch a store it opens)."""
-    import shutil
-
-    import mlflow
-
-    shutil.copy(REPO / "results" / "runs.db", tmp_path / "runs.db")
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs.db'}")
+@pytest.fixture(scope="module")
+def committed_runs(tmp_path_factory) -> dict:
+    """Every run of the committed store by id (a copy is opened: MLflow may touch a store it opens)."""
+    copy = tmp_path_factory.mktemp("store") / "runs.db"
+    shutil.copy(REPO / "results" / "runs.db", copy)
+    client = MlflowClient(f"sqlite:///{copy}")
     experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = {r.info.run_id: r for r in client.search_runs(experiments, max_results=50_000)}
+    return {r.info.run_id: r for r in client.search_runs(experiments, max_results=50_000)}
+
+
+def test_every_row_of_the_committed_csvs_is_a_run_of_the_committed_store_with_the_same_numbers(committed_runs):
+    """README and the document say every row is a run of results/runs.db: a row without its run, or whose
+    accuracies differ from the run's, fails here."""
+    runs = committed_runs
     checked = 0
     for path in sorted((REPO / "results").glob("*.csv")):
         frame = pd.read_csv(path)
@@ -192,6 +195,38 @@ def test_every_row_of_the_committed_csvs_is_a_run_of_the_committed_store_with_th
                     assert metrics[key] == pytest.approx(value, abs=1e-4), f"{where}: {key} differs from its run"
             checked += 1
     assert checked >= 100  # the committed studies' rows, not an empty directory
+
+
+def test_the_arms_the_document_calls_one_config_recorded_the_same_config_in_every_seed(committed_runs):
+    """plan.SAME_CONFIG's arms, as their runs recorded their configs: equal in every config field that defines a
+    run (fingerprint.identity), but for the MLflow experiment it logged to; a field one run has and the other
+    does not (added to mocolab between them) holds its default in the run that has it. The symmetric control
+    pairs a borrowed arm on this; a study whose config drifted from its twin fails here."""
+    from mocolab.config.fingerprint import identity
+    from mocolab.config.schema import Config
+    from mocolab.repro.plan import SAME_CONFIG
+
+    defaults = {k: str(v) for k, v in Config().flatten().items()}
+    compared = 0
+    for group in SAME_CONFIG:
+        by_seed: dict[int, list[tuple[str, dict]]] = {}
+        for name, arm in group:
+            path = REPO / "results" / f"{name}.csv"
+            if not path.is_file():
+                continue
+            frame = pd.read_csv(path, dtype={"arm": str})
+            for row in frame[frame["arm"] == arm].itertuples():
+                params = committed_runs[row.run_id].data.params  # the config's fields, and the code's digest
+                fields = {k: v for k, v in identity(params).items() if k in defaults and k != "run.experiment"}
+                by_seed.setdefault(int(row.seed), []).append((name, fields))
+        for seed, runs in by_seed.items():
+            (first, a), *rest = runs
+            for other, b in rest:
+                for key in sorted(set(a) | set(b)):
+                    where = f"seed {seed}, {key}: {first} {a.get(key)!r}, {other} {b.get(key)!r}"
+                    assert a.get(key, defaults.get(key)) == b.get(key, defaults.get(key)), where
+                compared += 1
+    assert compared >= 5  # momentum-cpu-full's m = 0.999 against queue-cpu-full's K = 16,384, at least
 
 
 @pytest.mark.slow

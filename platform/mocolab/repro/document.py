@@ -23,7 +23,7 @@ from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
 from mocolab.repro.claims import FAIL_LOSS_FRACTION, FAIL_PRETEXT, RANDOM_INIT  # noqa: E402
 from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, diff_points, judge_study  # noqa: E402
 from mocolab.repro.inputs import check_results  # noqa: E402
-from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, STUDIES, SUPERVISED,  # noqa: E402
+from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, SAME_CONFIG, STUDIES, SUPERVISED,  # noqa: E402
                                 Study)
 
 @dataclass
@@ -521,6 +521,7 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         *RULES,
         "",
         *sections,
+        same_config_section(results),
     ]).rstrip() + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(markdown)
@@ -551,6 +552,67 @@ def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd
                             f"across machines is not a pair)")
         parts.append(rows[same].assign(study=study.name, arm=b.here))
     return pd.concat(parts, ignore_index=True), left_out
+
+
+def same_config_section(results: Path) -> str:
+    """The arms that train one config in several studies, seed by seed: equal to the last digit where one kind of
+    machine made them, and by how much they differ where two did."""
+    metrics = ("linear_top1", "knn_top1", "final_loss", "pretext_acc")
+    lines = ["## The same config in more than one study", "",
+             "Arms of different studies that train the same config (a test compares the configs their runs recorded "
+             "in `results/runs.db`, field by field, leaving out where the run logged to and how often it logged "
+             "steps), seed by seed: linear and kNN top-1 %, the final loss. A run is determined by its config, its "
+             "seed and the machine: the same kind of CPU gives the same numbers to the last digit, another gives "
+             "others (its bf16 kernels round otherwise), which is why a study reads a borrowed arm only from its "
+             "own kind of machine.", ""]
+    for group in SAME_CONFIG:
+        frames = []
+        for name, arm in group:
+            path = results / f"{name}.csv"
+            if path.is_file():
+                rows = _read(path)
+                frames.append(rows[rows["arm"] == arm].assign(study=name))
+        rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["seed"])
+        seeds = sorted({int(s) for s in rows["seed"].dropna()})
+        lines.append(" = ".join(f"`{name}`'s `{arm}`" for name, arm in group) + ":")
+        lines.append("")
+        if not seeds:
+            lines += ["no runs yet.", ""]
+            continue
+        lines += ["| seed | " + " | ".join(f"{n} ({a})" for n, a in group) + " |",
+                  "|---" * (len(group) + 1) + "|"]
+        same, across = [], []
+        for seed in seeds:
+            done = rows[(rows["seed"] == seed) & (rows["status"] == "finished")]
+            cells = [_run_cell(done[done["study"] == name]) for name, _ in group]
+            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+            for _, by_device in done.groupby("device"):
+                if by_device["study"].nunique() > 1:
+                    same.append(all(by_device[m].nunique(dropna=False) == 1 for m in metrics))
+            if done["device"].nunique() > 1:
+                across += [abs(a - b) for a in done["linear_top1"] for b in done["linear_top1"]]
+        verdicts = []
+        if same:
+            verdicts.append(f"on one kind of machine the numbers are equal to the last digit in {sum(same)} of "
+                            f"{len(same)} seed(s)")
+        if across:
+            verdicts.append(f"across machines the linear top-1 differs by up to {100 * max(across):.2f} points")
+        said = "; ".join(verdicts)
+        lines += ["", (said[:1].upper() + said[1:] + "." if verdicts else
+                       "No seed has finished runs in two of these studies yet."), ""]
+    return "\n".join(lines)
+
+
+def _run_cell(run: pd.DataFrame) -> str:
+    if run.empty:
+        return "—"
+    r = run.iloc[0]
+    return f"{pct(r['linear_top1'])} / {pct(r['knn_top1'])} / {_num(r['final_loss'], '.4f')} ({_machine(r['device'])})"
+
+
+def _machine(device: str) -> str:
+    """The CPU's name as a column can hold it: its maker and family, less the core count and flags."""
+    return str(device).split(",")[0].replace("(R)", "").replace(" Processor", "")
 
 
 def _bound(results: Path) -> Bound | None:

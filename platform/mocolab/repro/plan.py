@@ -190,6 +190,15 @@ STUDIES: tuple[Study, ...] = (
 )
 
 
+# Arms of different studies that train the same config, as (study, arm): tests/repro checks the configs their runs
+# recorded in results/runs.db field by field; the document sets their numbers side by side, seed by seed, which
+# shows what a borrowed arm may be paired with (one kind of machine gives the same numbers to the last digit)
+SAME_CONFIG: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("momentum-cpu-full", "0.999"), ("queue-cpu-full", "16384"), ("negatives-cpu-full", QUEUE_ARM)),
+    (("negatives-cpu-full", IN_BATCH), ("inbatch-cpu-full", IN_BATCH)),
+)
+
+
 def study(name: str) -> Study:
     for s in STUDIES:
         if s.name == name:
