@@ -58,6 +58,8 @@ def test_every_new_study_runs_the_arms_its_script_makes_and_is_found_by_the_expo
         assert all(b.arm in study(b.study).arms for b in s.borrow), s.name
         # an arm borrowed under another study's name for it trains that arm's config (a test checks the configs)
         assert all(any((b.study, b.arm) in t and b.name in t for t in twins) for b in s.borrow if b.name), s.name
+        assert not {b.here for b in s.borrow} & set(s.arms), s.name  # a borrowed arm would double one of its own
+        assert not (s.by == "moco.m" and s.borrow), s.name  # the momentum section has no line for borrowed runs
         assert s.reference == "" and (s.by == "moco.m" or len(s.arms) == 1) or s.reference in (
             *s.arms, *(b.here for b in s.borrow)), s.name
 
@@ -223,3 +225,6 @@ def test_a_section_names_the_uncommitted_files_its_dirty_runs_were_made_with(tmp
     assert f"- 4 of {len(frame)} runs were made from a checkout with uncommitted changes " \
            "(`mocolab.source.git.dirty`); the files changed, with the runs made so: `docs/REPRODUCTION.md` (3), " \
            "`README.md` (2); not recorded for 1 run(s), made before the changed files were tagged" in text
+    frame.loc[2, "changed"] = ", ".join(f"f{i}.py" for i in range(20)) + " and 3 more"  # the tag's cut at 20
+    text, _ = study_section(s, frame, tmp_path, "figures")
+    assert "`f9.py` (1), and 3 more file(s) unnamed;" in text and "more`" not in text

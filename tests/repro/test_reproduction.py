@@ -204,29 +204,32 @@ def test_the_arms_the_document_calls_one_config_recorded_the_same_config_in_ever
     pairs a borrowed arm on this; a study whose config drifted from its twin fails here."""
     from mocolab.config.fingerprint import identity
     from mocolab.config.schema import Config
-    from mocolab.repro.plan import SAME_CONFIG
+    from mocolab.repro.plan import SAME_CONFIG, SYMMETRIC
 
     defaults = {k: str(v) for k, v in Config().flatten().items()}
-    compared = 0
+
+    def configs(name: str, arm: str) -> dict[int, dict]:
+        """By seed, the config fields each run of the arm recorded (its params also hold the code's digest)."""
+        path = REPO / "results" / f"{name}.csv"
+        frame = pd.read_csv(path, dtype={"arm": str}) if path.is_file() else pd.DataFrame(columns=["arm"])
+        return {int(row.seed): {k: v for k, v in identity(committed_runs[row.run_id].data.params).items()
+                                if k in defaults and k != "run.experiment"}
+                for row in frame[frame["arm"] == arm].itertuples()}
+
+    def differing(a: dict, b: dict) -> set[str]:
+        return {k for k in set(a) | set(b) if a.get(k, defaults.get(k)) != b.get(k, defaults.get(k))}
+
     for group in SAME_CONFIG:
-        by_seed: dict[int, list[tuple[str, dict]]] = {}
-        for name, arm in group:
-            path = REPO / "results" / f"{name}.csv"
-            if not path.is_file():
-                continue
-            frame = pd.read_csv(path, dtype={"arm": str})
-            for row in frame[frame["arm"] == arm].itertuples():
-                params = committed_runs[row.run_id].data.params  # the config's fields, and the code's digest
-                fields = {k: v for k, v in identity(params).items() if k in defaults and k != "run.experiment"}
-                by_seed.setdefault(int(row.seed), []).append((name, fields))
-        for seed, runs in by_seed.items():
-            (first, a), *rest = runs
-            for other, b in rest:
-                for key in sorted(set(a) | set(b)):
-                    where = f"seed {seed}, {key}: {first} {a.get(key)!r}, {other} {b.get(key)!r}"
-                    assert a.get(key, defaults.get(key)) == b.get(key, defaults.get(key)), where
-                compared += 1
-    assert compared >= 5  # momentum-cpu-full's m = 0.999 against queue-cpu-full's K = 16,384, at least
+        runs = [(name, configs(name, arm)) for name, arm in group]
+        for seed in sorted({s for _, by_seed in runs for s in by_seed}):  # every seed two or more studies ran
+            present = [(name, by_seed[seed]) for name, by_seed in runs if seed in by_seed]
+            for name, config in present[1:]:
+                assert not differing(present[0][1], config), f"seed {seed}: {present[0][0]} and {name} differ"
+    assert len(configs("momentum-cpu-full", "0.999")) >= 5 and len(configs("queue-cpu-full", "16384")) >= 5
+    # the symmetric control's own arm is momentum-cpu-full's m = 0.999, the loss alone changed
+    queue = configs("momentum-cpu-full", "0.999")
+    for seed, config in configs("symmetric-cpu-full", SYMMETRIC).items():
+        assert differing(queue[seed], config) == {"moco.symmetric"}, seed
 
 
 @pytest.mark.slow

@@ -109,10 +109,14 @@ def _dirty_line(dirty: pd.DataFrame, runs: int) -> str:
     changed = (dirty["changed"].fillna("").astype(str).replace("nan", "") if "changed" in dirty
                else pd.Series("", index=dirty.index))
     counts: dict[str, int] = {}
+    more = 0  # the tag names 20 files and counts the rest ("... and 3 more")
     for files in changed[changed != ""]:
-        for name in files.split(", "):
+        listed, _, rest = files.partition(" and ")
+        more += int(rest.split()[0]) if rest.endswith(" more") else 0
+        for name in listed.split(", "):
             counts[name] = counts.get(name, 0) + 1
     where = ", ".join(f"`{f}` ({n})" for f, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    where += f", and {more} more file(s) unnamed" if more else ""
     unknown = int((changed == "").sum())
     return (f"- {len(dirty)} of {runs} runs were made from a checkout with uncommitted changes "
             f"(`mocolab.source.git.dirty`)" + (f"; the files changed, with the runs made so: {where}" if where else "")
@@ -328,11 +332,11 @@ def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
 
 def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
                   history: pd.DataFrame | None = None, bound: Bound | None = None,
-                  left_out: Sequence[str] = ()) -> tuple[str, Path]:
+                  borrowed: Sequence[str] = ()) -> tuple[str, Path]:
     """(the section of a study whose arms are any config field's values or a script's settings, its figure).
     ``history``: the trials' curves (``results/history/<study>.csv``), drawn where the study reads pretext
     accuracy. ``bound``: the supervised bound's runs, the top of the scale where the budget is the same.
-    ``left_out``: a line for each borrowed arm whose runs were not read, and why."""
+    ``borrowed``: a line for each borrowed arm, its runs read and left out (``_with_borrowed``)."""
     frame = frame.assign(arm=frame["arm"].astype(str))
     arms = _arms(study, frame)
     init = {m: by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
@@ -375,7 +379,7 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
         "split (10,000 images) for every number.",
         "",
         *_provenance(frame),
-        *left_out,
+        *borrowed,
         "",
         f"Run by `mocolab repro --study {study.name}` as: `python {' '.join(study.command(_precision(frame), 1))}`, "
         f"after `mocolab baselines --preset {study.preset} --seeds {study.seeds} --name {study.name}` with the same "
@@ -494,14 +498,14 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         if not path.is_file():
             sections.append(not_run(study))
             continue
-        frame, left_out = _with_borrowed(study, _read(path), results)
+        frame, borrowed = _with_borrowed(study, _read(path), results)
         curves = results / HISTORY / f"{study.name}.csv"
         history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":
             text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history, bound)
             headlines.append(headline)
         else:
-            text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound, left_out)
+            text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound, borrowed)
         sections.append(text)
         figures.append(figure)
     markdown = "\n".join([
@@ -533,25 +537,28 @@ def _read(path: Path) -> pd.DataFrame:
 
 
 def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, list[str]]:
-    """The study's rows and those of the arms it borrows, under the names its claims use; a borrowed run made
-    on another kind of machine than this study's own is left out (a line says so): seed s there is not seed s
-    here, as the same config and seed train otherwise on another CPU."""
-    own = {str(v) for v in frame.loc[frame["study"] == study.name, "device"].dropna()}
-    parts, left_out = [frame], []
+    """The study's rows and those of the arms it borrows, under the names its claims use, with a line for each
+    borrowed arm: how many runs were read, and how many left out for being made on another kind of machine than
+    this study's own (seed s there is not seed s here: another CPU trains the same config and seed otherwise)."""
+    own = {str(v) for v in frame["device"].dropna()} - {"", "nan"}
+    mine = ", ".join(f"`{d}`" for d in sorted(own)) or "no recorded machine"
+    parts, lines = [frame], []
     for b in study.borrow:
         path = results / f"{b.study}.csv"
         if not path.is_file():
             continue
         rows = _read(path)
         rows = rows[rows["arm"] == b.arm]
-        same = rows["device"].astype(str).isin(own) if own else pd.Series(True, index=rows.index)
+        same = rows["device"].astype(str).isin(own)
+        named = f"`{b.study}`'s `{b.arm}`" if b.name else f"`{b.study}`"
+        line = f"- `{b.here}`: {int(same.sum())} run(s) read from {named}, described with this study's own above"
         if (~same).any():
-            theirs = ", ".join(f"`{d}`" for d in sorted(set(rows.loc[~same, "device"].astype(str))))
-            left_out.append(f"- `{b.here}` from `{b.study}`: {int((~same).sum())} run(s) made on {theirs} left out "
-                            f"(this study's runs were made on {', '.join(f'`{d}`' for d in sorted(own))}; a pair "
-                            f"across machines is not a pair)")
+            theirs = ", ".join(f"`{d}`" for d in sorted(set(rows.loc[~same, "device"].fillna("unknown").astype(str))))
+            line += (f"; {int((~same).sum())} run(s) made on {theirs} left out (this study's runs were made on "
+                     f"{mine}; a pair across machines is not a pair)")
+        lines.append(line)
         parts.append(rows[same].assign(study=study.name, arm=b.here))
-    return pd.concat(parts, ignore_index=True), left_out
+    return pd.concat(parts, ignore_index=True), lines
 
 
 def same_config_section(results: Path) -> str:
@@ -560,8 +567,9 @@ def same_config_section(results: Path) -> str:
     metrics = ("linear_top1", "knn_top1", "final_loss", "pretext_acc")
     lines = ["## The same config in more than one study", "",
              "Arms of different studies that train the same config (a test compares the configs their runs recorded "
-             "in `results/runs.db`, field by field, leaving out where the run logged to and how often it logged "
-             "steps), seed by seed: linear and kNN top-1 %, the final loss. A run is determined by its config, its "
+             "in `results/runs.db`, field by field, leaving out the experiment a run logged to and the fields that "
+             "do not change what it computes: `config/fingerprint.py`'s `RESUMABLE_FIELDS`), seed by seed: linear "
+             "and kNN top-1 %, the final loss. A run is determined by its config, its "
              "seed and the machine: the same kind of CPU gives the same numbers to the last digit, another gives "
              "others (its bf16 kernels round otherwise), which is why a study reads a borrowed arm only from its "
              "own kind of machine.", ""]
@@ -586,11 +594,11 @@ def same_config_section(results: Path) -> str:
             done = rows[(rows["seed"] == seed) & (rows["status"] == "finished")]
             cells = [_run_cell(done[done["study"] == name]) for name, _ in group]
             lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-            for _, by_device in done.groupby("device"):
-                if by_device["study"].nunique() > 1:
-                    same.append(all(by_device[m].nunique(dropna=False) == 1 for m in metrics))
-            if done["device"].nunique() > 1:
-                across += [abs(a - b) for a in done["linear_top1"] for b in done["linear_top1"]]
+            twins = [g for _, g in done.groupby("device") if g["study"].nunique() > 1]
+            if twins:  # a seed is equal when every machine's runs of it agree in every number
+                same.append(all(g[m].nunique(dropna=False) == 1 for g in twins for m in metrics))
+            across += [abs(a.linear_top1 - b.linear_top1) for a in done.itertuples() for b in done.itertuples()
+                       if a.device != b.device]
         verdicts = []
         if same:
             verdicts.append(f"on one kind of machine the numbers are equal to the last digit in {sum(same)} of "

@@ -200,7 +200,7 @@ RULES = [
     "after the two momentum studies had run and before the queue, batch-norm and long-momentum studies at "
     "cpu-full; the momentum verdicts are re-judged by them.",
     "",
-    "A study may compare its arms with arms another study ran with the same config; it reads their runs only "
+    "A study may read an arm another study ran, under the name its claims use; it reads that arm's runs only "
     "where they were made on the kind of machine its own runs were made on, since another CPU trains the same "
     "config and seed otherwise (*The same config in more than one study*, at the end, shows both).",
 ]
