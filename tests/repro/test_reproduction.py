@@ -166,11 +166,17 @@ def test_the_committed_document_and_readme_table_regenerate_from_the_committed_c
 
 
 @pytest.fixture(scope="module")
-def committed_runs(tmp_path_factory) -> dict:
-    """Every run of the committed store by id (a copy is opened: MLflow may touch a store it opens)."""
+def committed_store(tmp_path_factory) -> str:
+    """A copy of the committed store's URI (a copy: MLflow may touch a store it opens)."""
     copy = tmp_path_factory.mktemp("store") / "runs.db"
     shutil.copy(REPO / "results" / "runs.db", copy)
-    client = MlflowClient(f"sqlite:///{copy}")
+    return f"sqlite:///{copy}"
+
+
+@pytest.fixture(scope="module")
+def committed_runs(committed_store) -> dict:
+    """Every run of the committed store by id."""
+    client = MlflowClient(committed_store)
     experiments = [e.experiment_id for e in client.search_experiments()]
     return {r.info.run_id: r for r in client.search_runs(experiments, max_results=50_000)}
 
@@ -327,3 +333,29 @@ def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path
     assert parent.wait(timeout=30) == 128 + expected
     # the child got the signal once, closed, and the parent waited for it
     assert log.read_text().splitlines() == ["started", expected.name, "closed"]
+
+
+def test_repro_status_counts_each_studys_trials_in_the_store_and_names_what_goes_on(committed_store, capsys):
+    from mocolab.cli.commands import main
+    from mocolab.repro.status import StudyStatus
+
+    assert main(["repro", "--status", "--tracking-uri", committed_store]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:3] for line in out[1:-2]}
+    assert set(rows) == {s.name for s in STUDIES}
+    for s in STUDIES:  # the committed CSVs are the store's export: a study's finished rows are its trials ended
+        path = REPO / "results" / f"{s.name}.csv"
+        frame = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["arm", "status"])
+        trials = frame[~frame["arm"].isin(["random-init", "raw-pixels"]) & frame["status"].isin(["finished",
+                                                                                                   "diverged"])]
+        planned = len(s.arms) * s.seeds
+        assert rows[s.name] == [f"{len(trials)}/{planned}", str(planned - len(trials))], s.name
+    first = next(s.name for s in STUDIES if int(rows[s.name][1]))
+    assert out[-1] == f"next: `mocolab repro` goes on in the plan's order, from {first} (or `mocolab repro " \
+                      "--study NAME` for one)"
+    # the hours left: the trials left at the ended ones' pace, as many at a time as the CPUs hold
+    bn = StudyStatus(study("bn-cpu-full"), ended=4, unfinished={}, machines=(), trial_minutes=12.0)
+    assert bn.left == 16 and bn.hours_left(2) == pytest.approx(16 * 12 / 60)  # two ranks a trial: one at a time
+    q = StudyStatus(study("queue-cpu-full"), ended=17, unfinished={"running": 2}, machines=(), trial_minutes=20.0)
+    assert q.hours_left(2) == pytest.approx(3 * 20 / 2 / 60) and q.hours_left(16) == pytest.approx(20 / 60)
+    assert StudyStatus(study("queue-cpu-full"), 0, {}, (), None).hours_left(2) is None

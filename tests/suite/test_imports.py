@@ -32,7 +32,7 @@ LAZY: dict[str, set[str]] = {
                                "mocolab.evaluation.knn", "mocolab.evaluation.probe", "mocolab.config.hardware",
                                "mocolab.tracking"},
     "repro/run.py": {"torch", "mocolab.config.hardware", "mocolab.repro.baseline_runs", "mocolab.tracking",
-                     "mocolab.repro.document", "mocolab.repro.export"},
+                     "mocolab.repro.document", "mocolab.repro.export", "mocolab.repro.status"},
     "tune/study.py": {"mocolab.tune.sweep", "mocolab.tune.lost", "mocolab.tracking.logged_models",
                       "mocolab.analysis.report", "mocolab.tracking"},
     "tune/grid.py": {"mocolab.analysis"},

@@ -333,6 +333,8 @@ def _repro_parser(sub) -> None:
     rp.add_argument("--stop-after", type=int, default=None, help="end each study after N more trials (resume later)")
     rp.add_argument("--skip-run", action="store_true", help="export and write only: run nothing")
     rp.add_argument("--document-only", action="store_true", help="write the document from results/ only")
+    rp.add_argument("--status", action="store_true",
+                    help="print each study's trials ended and left, and the hours left, from the store: run nothing")
     rp.add_argument("--results", default="results", help="the CSV folder (default results)")
     rp.add_argument("--doc", default="docs/REPRODUCTION.md", help="the document (default docs/REPRODUCTION.md)")
     rp.add_argument("--readme", default="README.md", help="README whose headline table is regenerated")

@@ -33,7 +33,7 @@ HISTORY_METRICS = ("loss", "pretext_acc", "step_loss", "step_pretext_acc")
 def export(study: Study, store: Store, out_dir: Path) -> Path | None:
     """Write ``out_dir/<study>.csv`` (one row per run) and ``out_dir/history/<study>.csv`` (its trials' curves);
     None (and nothing written) when the store has no run of the study."""
-    trials = _trial_runs(study, store)
+    trials = trial_runs(study, store)
     rows = [_trial_row(study, run, arm, t) for run, arm, t in trials] + _baselines(study, store)
     if not rows:
         return None
@@ -82,7 +82,7 @@ def _common(run) -> dict:
             "changed": tags.get(CHANGED_TAG, "")}  # the uncommitted files of a dirty checkout, where recorded
 
 
-def _trial_runs(study: Study, store: Store) -> list[tuple]:
+def trial_runs(study: Study, store: Store) -> list[tuple]:
     """(MLflow run, its arm, its row of ``trials_frame``) for every trial of the study's sweep."""
     exp_id = store.experiment_id(EXPERIMENTS[study.script])
     if exp_id is None:

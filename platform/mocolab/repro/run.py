@@ -67,6 +67,19 @@ def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str |
     return call_passing_signals(argv, REPO)
 
 
+def _status(studies: list[Study], uri: str) -> int:
+    """``--status``: each study's trials ended and left, from the store; nothing is run or written."""
+    from mocolab.repro.status import status_lines
+    from mocolab.tracking import Store, local_store_path
+
+    local = local_store_path(uri)
+    if local:
+        check_store(Path(local), must_exist=True)
+    for line in status_lines(studies, Store(uri)):
+        print(line)
+    return 0
+
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -94,6 +107,8 @@ def main(args) -> int:
         raise ValueError(f"--study: unknown {unknown}; the plan has {[s.name for s in STUDIES]}")
     check_number("--threads", args.threads)
     check_number("--stop-after", args.stop_after)
+    if getattr(args, "status", False):
+        return _status(studies, repro_store(args.tracking_uri, args.results))
     results, doc = Path(args.results), Path(args.doc)
     # what is read and not exported again first: a damaged file is named before hours of training, not after
     check_results(results, STUDIES if args.document_only else [s for s in STUDIES if s not in studies])
