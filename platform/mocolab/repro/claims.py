@@ -125,7 +125,8 @@ PAPER: dict[str, PaperClaims] = {
          Claim("in-batch negatives (end-to-end: K is the batch) are below MoCo's large queue",
                (("queue fifo m=0.999", "in batch"),))),
         limits="The in-batch arm differs from the queue arm in three ways at once (a symmetric loss, no key "
-               "encoder, 2B − 2 negatives): its verdict cannot say which one mattered."),
+               "encoder, 2B − 2 negatives): its verdict cannot say which one mattered. The control "
+               "`symmetric-cpu-full` changes the loss alone (its section)."),
     "moco.negatives": PaperClaims(
         "Paper (Figure 3, ImageNet linear top-1): the memory bank is below MoCo's queue at every K, 58.0 against "
         "60.6 at K = 65,536. Here the bank trains three times as long as the queue it is set against (30 epochs "
