@@ -296,7 +296,7 @@ def closing(signum, _frame):
     time.sleep(0.5)  # closing its runs takes a while: the parent must wait for it
     with out.open("a") as f:
         f.write("closed\\n")
-    sys.exit(128 + signum)
+    sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 128 + signum)  # a study stopped in its start-up: 1
 signal.signal(signal.SIGTERM, closing)
 signal.signal(signal.SIGINT, closing)
 out.write_text("started\\n")
@@ -304,9 +304,12 @@ time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to repro", "Ctrl-C to the terminal's process group"])
-def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path, how):
-    """The study runs as a child of ``mocolab repro``: stopping the parent must not leave it training."""
+@pytest.mark.parametrize("how, child_exit", [("SIGTERM to repro", ""), ("Ctrl-C to the terminal's process group", ""),
+                                              ("SIGTERM to repro", "1")])
+def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path, how, child_exit):
+    """The study runs as a child of ``mocolab repro``: stopping the parent must not leave it training. However
+    the study ends (stopped in its start-up, it exits 1), the parent reports the signal, so that no next study
+    starts and nothing is exported over a stopped one."""
     import os
     import signal
     import subprocess
@@ -315,10 +318,11 @@ def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path
 
     (tmp_path / "child.py").write_text(CHILD)
     log = tmp_path / "child.log"
+    child = [str(log), *([child_exit] if child_exit else [])]
     parent = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; "
          "from mocolab.repro.run import call_passing_signals; "
-         f"sys.exit(call_passing_signals([sys.executable, 'child.py', {str(log)!r}], Path({str(tmp_path)!r})))"],
+         f"sys.exit(call_passing_signals([sys.executable, 'child.py', *{child!r}], Path({str(tmp_path)!r})))"],
         start_new_session=True)  # its own group: the test's "terminal"
     deadline = time.monotonic() + 30
     while not (log.is_file() and log.read_text().startswith("started")):

@@ -91,13 +91,19 @@ def call_passing_signals(argv: list[str], cwd: Path) -> int:
     closes its runs as an interrupted study does; this process waits for that before it exits.
     """
     child = subprocess.Popen(argv, cwd=cwd, process_group=0)
-    previous = {s: signal.signal(s, lambda signum, _frame: child.send_signal(signum)) for s in FORWARDED}
+    got: list[int] = []  # a stop is this process's to report: a study stopped in its start-up may exit 1
+
+    def forward(signum: int, _frame) -> None:
+        got.append(signum)
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         code = child.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return 128 - code if code < 0 else code
+    return 128 + got[0] if got else 128 - code if code < 0 else code
 
 
 def main(args) -> int:
