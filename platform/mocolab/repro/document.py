@@ -374,7 +374,7 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
     text = "\n".join([
         f"## {study.title}",
         "",
-        f"Preset `{study.preset}`, {steps:,} training steps, {what} ∈ {{{', '.join(arms)}}}, seeds 0 to "
+        f"Preset `{study.preset}`, {steps:,} training steps, {what} ∈ {{{', '.join(arms or study.arms)}}}, seeds 0 to "
         f"{study.seeds - 1} planned (the table counts those finished; {pairing}); {reference}. Fashion-MNIST test "
         "split (10,000 images) for every number.",
         "",
