@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # set-up's steps run side by side (SETUP, below)
 APT_GET := $(if $(shell command -v flock),flock /tmp/.mocolab-apt.lock )apt-get
 
-.PHONY: setup setup-test data postgres chromium peers run repro lint test test-fast test-avx2 test-durations test-deploy train clean
+.PHONY: setup setup-test data postgres chromium peers run repro lint test test-fast test-avx2 test-durations test-cluster test-deploy train clean
 
 # What `make run` needs: mocolab and its dependencies, Fashion-MNIST.
 setup: $(STAMP) data
@@ -101,20 +101,18 @@ repro: setup
 	$(VENV)/bin/mocolab repro $(REPRO_ARGS)
 
 # The suite runs on one pytest-xdist worker per core and one more (TEST_WORKERS=1: one process): its long
-# tests wait in part (servers and nodes coming up, a killed node's restart), and the extra worker fills
-# those waits (on two cores: 94-95 % busy against 87-88 %, 21m14s-21m56s of tests against 22m58s-23m51s on
-# fresh clones: benchmarks/RESULTS.md).
+# tests wait in part (servers coming up, a killed worker's restart), and the extra worker fills those waits
+# (on two cores: 94-95 % busy against 87-88 %, 21m14s-21m56s of tests against 22m58s-23m51s on fresh clones:
+# benchmarks/RESULTS.md).
 # make test-fast stays at one per core: its short tests do not wait, and a third worker's imports cost
-# more than it fills (50.8 s against 43.7 s). Tests that start Ray on its default ports run in a network
-# namespace of their own; where none can be made (not root, user namespaces off) they run alone after the rest:
-# there pytest's 5 (no tests collected) is accepted only when PYTEST_ARGS chose the tests (and none of those);
-# with every test selected, finding none marked default_ports is a failure.
+# more than it fills (50.8 s against 43.7 s).
+# The Ray clusters of several nodes (tests marked cluster) are make test-cluster's, which make test-deploy runs
+# first: each holds several GiB and runs alone, on Ray's default ports where README's blocks use them.
 CORES := $(shell nproc 2>/dev/null || echo 1)
 TEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
 FAST_WORKERS ?= $(CORES)
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 XDIST_FAST = -n $(FAST_WORKERS) --dist loadgroup
-NETNS := $(shell unshare --net -- ip link set lo up >/dev/null 2>&1 && echo yes)
 
 # What the suite needs, its independent steps side by side: on a fresh machine apt-get installs Chromium (and
 # PostgreSQL, Fashion-MNIST where missing) while pip installs mocolab, which alone keeps one core busy.
@@ -129,13 +127,15 @@ lint: $(TEST_STAMP)
 test:
 	@$(MAKE) $(SETUP) setup-test chromium peers
 	@$(MAKE) --no-print-directory lint
-ifeq ($(NETNS),yes)
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
-else
-	@echo "no private network namespace here: the tests marked default_ports run alone after the rest"
-	$(PY) -m pytest $(XDIST) -m "not default_ports" $(PYTEST_ARGS)
-	$(PY) -m pytest -n 0 -m default_ports $(PYTEST_ARGS)$(if $(strip $(PYTEST_ARGS)), || [ $$? -eq 5 ])
-endif
+	$(PY) -m pytest $(XDIST) -m "not cluster" $(PYTEST_ARGS)
+
+# The deployment's clusters run for real (tests/cluster): `mocolab cluster up` with PostgreSQL under `mlflow
+# server` and README's block as written, a node lost mid-run, `ray start` nodes whose Python has no mocolab
+# and docs' cluster quickstart. One test at a time (each holds several GiB); the blocks that use Ray's default
+# ports run in a network namespace of their own where one can be made. 6 to 9 min on two cores.
+test-cluster:
+	@$(MAKE) $(SETUP) setup-test
+	$(PY) -m pytest -n 0 -m cluster $(PYTEST_ARGS)
 
 # The contributors' inner loop: everything but the tests marked slow (minutes of training, sweeps, servers).
 test-fast:
@@ -155,7 +155,8 @@ test-durations:
 	@$(MAKE) $(SETUP) setup-test chromium peers
 	$(PY) -m pytest $(XDIST_FAST) --write-durations tests/durations.json $(PYTEST_ARGS)
 
-# The container path run for real (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
+# The deployment run for real: the clusters first (make test-cluster, all of it: PYTEST_ARGS are the container
+# test's), then the container path (tests/deploy/deploy_stack.py, docker/README.md): podman, runc and debootstrap
 # from Debian where apt-get works and we are root (podman-compose comes with the dev extra); a stand-in for
 # the Ray image built once from Debian's packages (no image registry needed); docker/Dockerfile built on it;
 # docker/compose.yaml up with a study submitted, the worker holding its trial killed, `down` and `up` again.
@@ -163,6 +164,7 @@ test-durations:
 # DEPLOY_NICE: it yields the CPU and the disk to anything else running (empty: full speed).
 DEPLOY_NICE ?= nice -n 19 ionice -c3
 test-deploy: setup-test
+	@$(MAKE) --no-print-directory test-cluster PYTEST_ARGS=
 	@if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then \
 	  echo "podman, runc, debootstrap: present"; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \

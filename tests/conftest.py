@@ -95,14 +95,14 @@ def in_private_network(argv: list[str]) -> list[str]:
     52365) are free there whatever other Ray the suite or the user runs, as on a fresh machine.
 
     Without the namespace the command runs as it is, which is right only when nothing else runs: ``make
-    test`` then runs these tests alone after the rest (``-m default_ports -n 0``); in a parallel run that
-    fails here, saying so, rather than meeting another Ray on those ports.
+    test-cluster`` runs these tests one at a time (``-m cluster -n 0``); in a parallel run that fails here,
+    saying so, rather than meeting another Ray on those ports.
     """
     if _namespace_available():
         return ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
     if WORKERS > 1:
-        pytest.fail("no private network namespace here (unshare --net refused): tests marked default_ports "
-                    "must run alone: pytest -m default_ports -n 0")
+        pytest.fail("no private network namespace here (unshare --net refused): a test on Ray's default ports "
+                    "must run alone: make test-cluster (pytest -m cluster -n 0)")
     return argv
 
 

@@ -89,7 +89,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.default_ports
+@pytest.mark.cluster
 @needs_data
 @needs_postgres
 @pytest.mark.xdist_group(CLUSTERS)
@@ -155,6 +155,7 @@ def test_readme_block_two_trials_log_every_metric_to_mlflow(tmp_path, free_port)
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 @needs_data
 @pytest.mark.xdist_group(CLUSTERS)
 def test_spread_run_survives_node_loss_into_one_mlflow_run(tmp_path):

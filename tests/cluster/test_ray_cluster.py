@@ -59,7 +59,7 @@ def check_study_in_mlflow(uri: str, labels: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.default_ports
+@pytest.mark.cluster
 @needs_data
 def test_readme_cluster_block_runs_as_written(tmp_path):
     block = in_private_network(["bash", "-e", "-c", readme_cluster_block()])
@@ -180,6 +180,7 @@ def _submit(cmd: list[str], env: dict, cwd: Path) -> tuple[int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 @needs_data
 def test_working_dir_job_runs_on_nodes_that_have_no_mocolab(tmp_path, cluster_without_mocolab):
     url, env = cluster_without_mocolab

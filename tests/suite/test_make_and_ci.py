@@ -3,6 +3,7 @@ pytest and make): a suite that ran nothing, or a run of CI by hand that is laxer
 
 from __future__ import annotations
 
+import ast
 import os
 import shlex
 import subprocess
@@ -10,41 +11,55 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
 from packaging.specifiers import SpecifierSet
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _default_ports_line(makefile: Path, pytest_args: str, stub: Path) -> str:
-    """The recipe line of `make test` that runs the default_ports tests where no network namespace can be made,
-    as make expands it (a dry run, with pytest replaced by ``stub``)."""
-    res = subprocess.run(["make", "-n", "--no-print-directory", "-f", str(makefile), "test", "NETNS=no",
-                          f"PY={stub}", f"PYTEST_ARGS={pytest_args}"], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+def _dry_run(target: str, stub: Path) -> list[str]:
+    """The pytest lines of ``make -n TARGET``, with pytest's Python replaced by ``stub``."""
+    res = subprocess.run(["make", "-n", "--no-print-directory", target, f"PY={stub}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    found = [line for line in res.stdout.splitlines() if line.startswith(str(stub)) and "-m default_ports" in line]
-    assert len(found) == 1, res.stdout[-3000:]
-    return found[0]
+    return [line for line in res.stdout.splitlines() if line.startswith(f"{stub} -m pytest")]
 
 
-@pytest.mark.parametrize("pytest_args, accepted", [("", False), ("tests/data/test_data.py", True)],
-                         ids=["every-test", "chosen-tests"])
-def test_no_default_ports_test_collected_passes_only_where_pytest_args_chose_the_tests(tmp_path, pytest_args,
-                                                                                        accepted):
-    """pytest exits 5 when it collects nothing. With PYTEST_ARGS choosing a few tests that is expected of the
-    default_ports leg; with every test selected it means the marked tests went missing, and make must fail."""
+def _marked(path: Path, marker: str) -> set[str]:
+    """The test functions of ``path`` decorated with ``pytest.mark.<marker>``."""
+    tree = ast.parse(path.read_text())
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test")
+            and any(ast.unparse(d).startswith(f"pytest.mark.{marker}") for d in node.decorator_list)}
+
+
+def test_make_test_leaves_the_clusters_to_make_test_cluster_and_ci_runs_them_in_every_case(tmp_path):
+    """The Ray clusters of several nodes are the tests of tests/cluster marked slow: `make test` deselects them,
+    `make test-cluster` runs them one at a time, and CI runs them whether or not it has the time and disk for
+    the containers."""
     stub = tmp_path / "python"
-    stub.write_text("#!/bin/sh\nexit 5  # pytest: no tests collected\n")
-    stub.chmod(0o755)
-    line = _default_ports_line(REPO / "Makefile", pytest_args, stub)
-    rc = subprocess.run(["bash", "-e", "-c", line], cwd=tmp_path, capture_output=True, timeout=60).returncode
-    assert (rc == 0) == accepted, (line, rc)
-    failing = tmp_path / "failing"  # any other failure of that leg fails make, whatever PYTEST_ARGS says
-    failing.write_text("#!/bin/sh\nexit 1\n")
-    failing.chmod(0o755)
-    assert subprocess.run(["bash", "-e", "-c", line.replace(str(stub), str(failing), 1)], cwd=tmp_path,
-                          capture_output=True, timeout=60).returncode != 0
+    [suite] = _dry_run("test", stub)
+    [clusters] = _dry_run("test-cluster", stub)
+    assert '-m "not cluster"' in suite and "-m cluster" in clusters and " -n 0 " in clusters, (suite, clusters)
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        marked = _marked(path, "cluster")
+        if path.parent.name == "cluster":
+            assert marked and marked == _marked(path, "slow"), (path.name, marked)
+        else:
+            assert not marked, (path.name, marked)
+
+    seen = tmp_path / "seen"
+    make = tmp_path / "bin" / "make"
+    make.parent.mkdir()
+    make.write_text(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(str(seen))}\n")
+    make.chmod(0o755)
+    env = os.environ | {"PATH": f"{make.parent}:{os.environ['PATH']}"}
+    for budget, need_gb, then in (("0", "1", "test-cluster"), ("90", "100000", "test-cluster"),
+                                  ("90", "0", "test-deploy")):
+        seen.unlink(missing_ok=True)
+        res = subprocess.run([str(REPO / ".ci" / "run")], env=env | {"CI_MINUTES": budget,
+                             "MOCOLAB_STANDIN_NEED_GB": need_gb}, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert seen.read_text().split("\n")[:2] == ["test", then], (budget, need_gb, seen.read_text())
+        assert ("containers not run" in res.stderr) == (then == "test-cluster"), res.stderr
 
 
 def test_ci_run_by_hand_is_as_strict_as_ci(tmp_path):
