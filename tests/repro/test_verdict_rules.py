@@ -246,3 +246,31 @@ def test_the_same_config_in_two_studies_is_equal_to_the_last_digit_on_one_machin
     doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures").markdown
     assert "equal to the last digit in 4 of 5 seed(s); across machines the linear top-1 differs by up to 0.25 " \
            "points" in doc
+
+
+def test_a_study_made_on_two_machines_is_comparable_where_each_seed_s_arms_ran_on_one(tmp_path):
+    """A study of days spans sessions and their machines: seed 0 on one, seeds 1 to 4 on another, the baselines
+    on the first. Every pair between arms is then taken on one machine; the seeds whose random-init encoder was
+    measured on the other are named. A seed whose arms ran on two machines is mixed."""
+    bn = study("bn-cpu-full")
+    results = tmp_path / "results"
+    results.mkdir()
+    frame = _rows(bn.name, {arm: _seeded(0.02, 0.001, i) for i, arm in enumerate(("plain", "groups", "split",
+                                                                                    "shuffle"))})
+    later = ~frame["arm"].isin(("random-init", "raw-pixels")) & (frame["seed"] > 0)
+    frame.loc[later, "device"] = "y"
+
+    def section(rows: pd.DataFrame) -> str:
+        rows.to_csv(results / f"{bn.name}.csv", index=False)
+        doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures").markdown
+        text = doc[doc.index(f"## {bn.title}"):]
+        return text[:text.index("\n## ")]
+
+    line = next(x for x in section(frame).splitlines() if x.startswith("- device:"))
+    assert line.startswith("- device: `x` (seed 0); `y` (seeds 1, 2, 3, 4) — each seed's arms on one machine, so "
+                           "every paired difference between arms is taken on one machine; the random-init encoder "
+                           "of seeds 1, 2, 3, 4 was measured on `x`"), line
+    assert "mixed" not in line
+    frame.loc[(frame["arm"] == "plain") & (frame["seed"] == 2), "device"] = "x"  # seed 2's arms on two machines
+    line = next(x for x in section(frame).splitlines() if x.startswith("- device:"))
+    assert line == "- device: `x`, `y` — **mixed: these runs are not comparable**"

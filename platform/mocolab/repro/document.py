@@ -94,6 +94,9 @@ def _provenance(frame: pd.DataFrame) -> list[str]:
         values = sorted({str(v) for v in frame[col].fillna("") if str(v) not in ("", "nan")})
         if not values:
             continue
+        if col == "device" and len(values) > 1 and (line := _machines_line(frame)):
+            lines.append(line)
+            continue
         flag = "" if len(values) == 1 or col == "commit" else " — **mixed: these runs are not comparable**"
         lines.append(f"- {label}: {', '.join(f'`{v}`' for v in values)}{flag}")
     dirty = frame["dirty"].astype(str).str.lower() == "true"
@@ -101,6 +104,37 @@ def _provenance(frame: pd.DataFrame) -> list[str]:
         lines.append(_dirty_line(frame[dirty], len(frame)))
     lines.append(_code_line(frame))
     return lines
+
+
+def _seed_list(seeds: Sequence[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(str(s) for s in sorted(seeds))
+
+
+def _machines_line(frame: pd.DataFrame) -> str | None:
+    """A study made on several machines (a study of days spans sessions): comparable where each seed's arms
+    ran on one machine, since every paired difference between arms is then taken on one machine; None (mixed)
+    where a seed's arms ran on two. A seed whose random-init encoder was measured elsewhere is named: its
+    Δ vs init holds the machines' difference too."""
+    bases = frame["arm"].astype(str).isin(("random-init", "raw-pixels"))
+    arms = frame[~bases & frame["device"].notna()]
+    per_seed = {int(s): set(g["device"].astype(str)) for s, g in arms.groupby("seed")}
+    if not per_seed or any(len(d) > 1 for d in per_seed.values()):
+        return None
+    machine = {s: next(iter(d)) for s, d in per_seed.items()}
+    where = "; ".join(f"`{m}` ({_seed_list([s for s in machine if machine[s] == m])})"
+                      for m in sorted(set(machine.values())))
+    init = frame[frame["arm"].astype(str) == "random-init"].dropna(subset=["seed", "device"])
+    apart = sorted({int(s) for s, d in zip(init["seed"], init["device"].astype(str))
+                    if int(s) in machine and machine[int(s)] != d})
+    text = (f"- device: {where} — each seed's arms on one machine, so every paired difference between arms is "
+            "taken on one machine")
+    if apart:
+        measured = ", ".join(f"`{d}`" for d in sorted(set(init.loc[init["seed"].astype(int).isin(apart),
+                                                                       "device"].astype(str))))
+        text += (f"; the random-init encoder of {_seed_list(apart)} was measured on {measured}, so their Δ vs init "
+                 "also holds the difference between the machines (their size: \"The same config in more than one "
+                 "study\", at the end)")
+    return text
 
 
 def _dirty_line(dirty: pd.DataFrame, runs: int) -> str:
@@ -539,8 +573,11 @@ def _read(path: Path) -> pd.DataFrame:
 def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, list[str]]:
     """The study's rows and those of the arms it borrows, under the names its claims use, with a line for each
     borrowed arm: how many runs were read, and how many left out for being made on another kind of machine than
-    this study's own (seed s there is not seed s here: another CPU trains the same config and seed otherwise)."""
+    the one of this study's own arms of that seed (seed s there is not seed s here: another CPU trains the same
+    config and seed otherwise)."""
     own = {str(v) for v in frame["device"].dropna()} - {"", "nan"}
+    arms = frame[~frame["arm"].astype(str).isin(("random-init", "raw-pixels")) & frame["device"].notna()]
+    seat = {s: str(g["device"].iloc[0]) for s, g in arms.groupby("seed")}  # the machine of each seed's own arms
     mine = ", ".join(f"`{d}`" for d in sorted(own)) or "no recorded machine"
     parts, lines = [frame], []
     for b in study.borrow:
@@ -549,7 +586,8 @@ def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd
             continue
         rows = _read(path)
         rows = rows[rows["arm"] == b.arm]
-        same = rows["device"].astype(str).isin(own)
+        same = pd.Series([dev == seat.get(s, dev if dev in own else None)
+                          for s, dev in zip(rows["seed"], rows["device"].astype(str))], index=rows.index, dtype=bool)
         named = f"`{b.study}`'s `{b.arm}`" if b.name else f"`{b.study}`"
         line = f"- `{b.here}`: {int(same.sum())} run(s) read from {named}, described with this study's own above"
         if (~same).any():
