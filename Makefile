@@ -132,7 +132,7 @@ test:
 # The deployment's clusters run for real (tests/cluster): `mocolab cluster up` with PostgreSQL under `mlflow
 # server` and README's block as written, a node lost mid-run, `ray start` nodes whose Python has no mocolab
 # and docs' cluster quickstart. One test at a time (each holds several GiB); the blocks that use Ray's default
-# ports run in a network namespace of their own where one can be made. 6 to 9 min on two cores.
+# ports run in a network namespace of their own where one can be made. About 6 min on two cores.
 test-cluster:
 	@$(MAKE) $(SETUP) setup-test
 	$(PY) -m pytest -n 0 -m cluster $(PYTEST_ARGS)
