@@ -42,6 +42,20 @@ class Bound:
     steps: int
 
 
+BASELINE_ARMS = (RANDOM_INIT, "raw-pixels")  # rows a study's baselines wrote beside its trained arms
+
+
+def _trained(frame: pd.DataFrame) -> pd.Series:
+    """The rows of trained arms, the baselines left out."""
+    return ~frame["arm"].astype(str).isin(BASELINE_ARMS)
+
+
+def _arm_machines(frame: pd.DataFrame) -> dict[int, set[str]]:
+    """{seed: the machines its trained arms ran on}: one each where every pair of a seed is taken on one machine."""
+    rows = frame[_trained(frame) & frame["device"].notna()]
+    return {int(s): set(g["device"].astype(str)) for s, g in rows.groupby("seed")}
+
+
 def _scale(study: Study, frame: pd.DataFrame, bound: Bound | None, steps: int) -> list[str]:
     """What there is to learn at this budget: the random-init start, the best arm, the supervised bound (where
     it trained the same preset for the same steps), and the share of the gap the best arm closes."""
@@ -49,7 +63,7 @@ def _scale(study: Study, frame: pd.DataFrame, bound: Bound | None, steps: int) -
         return []
     init = by_seed(frame, RANDOM_INIT, "linear_top1")
     arms = {a: by_seed(frame, a, "linear_top1") for a in frame["arm"].astype(str).unique()
-            if a not in (RANDOM_INIT, "raw-pixels")}
+            if a not in BASELINE_ARMS}
     means = {a: sum(v.values()) / len(v) for a, v in arms.items() if v}
     labels = by_seed(bound.frame, bound.study.arms[0], "linear_top1")
     if not init or not means or not labels:
@@ -115,15 +129,13 @@ def _machines_line(frame: pd.DataFrame) -> str | None:
     ran on one machine, since every paired difference between arms is then taken on one machine; None (mixed)
     where a seed's arms ran on two. A seed whose random-init encoder was measured elsewhere is named: its
     Δ vs init holds the machines' difference too."""
-    bases = frame["arm"].astype(str).isin(("random-init", "raw-pixels"))
-    arms = frame[~bases & frame["device"].notna()]
-    per_seed = {int(s): set(g["device"].astype(str)) for s, g in arms.groupby("seed")}
+    per_seed = _arm_machines(frame)
     if not per_seed or any(len(d) > 1 for d in per_seed.values()):
         return None
     machine = {s: next(iter(d)) for s, d in per_seed.items()}
     where = "; ".join(f"`{m}` ({_seed_list([s for s in machine if machine[s] == m])})"
                       for m in sorted(set(machine.values())))
-    init = frame[frame["arm"].astype(str) == "random-init"].dropna(subset=["seed", "device"])
+    init = frame[frame["arm"].astype(str) == RANDOM_INIT].dropna(subset=["seed", "device"])
     apart = sorted({int(s) for s, d in zip(init["seed"], init["device"].astype(str))
                     if int(s) in machine and machine[int(s)] != d})
     text = (f"- device: {where} — each seed's arms on one machine, so every paired difference between arms is "
@@ -161,7 +173,7 @@ def _code_line(frame: pd.DataFrame) -> str:
     """Which code made the runs (their code fingerprints), and where a run continued across a change."""
     codes = (frame["code"].fillna("").astype(str).replace("nan", "") if "code" in frame
              else pd.Series("", index=frame.index))
-    trained = ~frame["arm"].astype(str).isin(["random-init", "raw-pixels"])
+    trained = _trained(frame)
     known = sorted({c[:8] for c in codes[trained] if c})
     unknown = int((codes[trained] == "").sum())
     parts = [f"`{c}`" for c in known] + ([f"unknown for {unknown} run(s), made before code fingerprints"]
@@ -181,7 +193,7 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
                      history: pd.DataFrame | None = None, bound: Bound | None = None) -> tuple[str, str, Path]:
     """(the study's section, README's headline table, the figure); ``history`` and ``bound`` as for
     ``study_section``."""
-    arms = [a for a in frame["arm"].unique() if a not in (RANDOM_INIT, "raw-pixels")]
+    arms = [a for a in frame["arm"].unique() if a not in BASELINE_ARMS]
     arms = sorted(arms, key=float)
     init = {m: by_seed(frame, RANDOM_INIT, m) for m in ("linear_top1", "knn_top1")}
     pixels = frame[frame["arm"] == "raw-pixels"]
@@ -359,7 +371,7 @@ PRETEXT = "moco.bn"  # the study whose figure draws pretext accuracy beside the 
 
 def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
     """The arms in the CSV, in the plan's order (others after, by their text)."""
-    found = [a for a in frame["arm"].astype(str).unique() if a not in ("random-init", "raw-pixels")]
+    found = [a for a in frame["arm"].astype(str).unique() if a not in BASELINE_ARMS]
     order = {a: i for i, a in enumerate(study.arms)}
     return sorted(found, key=lambda a: (order.get(a, len(order)), a))
 
@@ -385,7 +397,7 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
         rows.append(f"| {arm}{mark} | {len(ok)} | {_ci(ok['linear_top1'])} | {diff_points(dl)} | "
                     f"{_ci(ok['knn_top1'])} | {diff_points(dk)} | {_num(ok['final_loss'].mean(), '.3f')} | "
                     f"{_ci(ok['pretext_acc'].dropna())} | {statuses} |")
-    for name in ("random-init", "raw-pixels"):
+    for name in BASELINE_ARMS:
         base = frame[frame["arm"] == name]
         if len(base):
             zero = "0" if name == "random-init" else "—"
@@ -576,8 +588,7 @@ def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd
     the one of this study's own arms of that seed (seed s there is not seed s here: another CPU trains the same
     config and seed otherwise)."""
     own = {str(v) for v in frame["device"].dropna()} - {"", "nan"}
-    arms = frame[~frame["arm"].astype(str).isin(("random-init", "raw-pixels")) & frame["device"].notna()]
-    seat = {s: str(g["device"].iloc[0]) for s, g in arms.groupby("seed")}  # the machine of each seed's own arms
+    seat = _arm_machines(frame)
     mine = ", ".join(f"`{d}`" for d in sorted(own)) or "no recorded machine"
     parts, lines = [frame], []
     for b in study.borrow:
@@ -586,8 +597,8 @@ def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd
             continue
         rows = _read(path)
         rows = rows[rows["arm"] == b.arm]
-        same = pd.Series([dev == seat.get(s, dev if dev in own else None)
-                          for s, dev in zip(rows["seed"], rows["device"].astype(str))], index=rows.index, dtype=bool)
+        same = pd.Series([dev in seat.get(int(s), own) for s, dev in zip(rows["seed"], rows["device"].astype(str))],
+                         index=rows.index, dtype=bool)
         named = f"`{b.study}`'s `{b.arm}`" if b.name else f"`{b.study}`"
         line = f"- `{b.here}`: {int(same.sum())} run(s) read from {named}, described with this study's own above"
         if (~same).any():
