@@ -200,7 +200,8 @@ RULES = [
     "after the two momentum studies had run and before the queue, batch-norm and long-momentum studies at "
     "cpu-full; the momentum verdicts are re-judged by them.",
     "",
-    "A study may read an arm another study ran, under the name its claims use; it reads that arm's runs only "
-    "where they were made on the kind of machine its own runs were made on, since another CPU trains the same "
-    "config and seed otherwise (*The same config in more than one study*, at the end, shows both).",
+    "A study may read an arm another study ran, under the name its claims use; it reads that arm's run of seed "
+    "s only where it was made on the kind of machine its own arms of seed s were made on, since another CPU "
+    "trains the same config and seed otherwise (*The same config in more than one study*, at the end, shows "
+    "both).",
 ]

@@ -25,8 +25,8 @@ def word(value: Value) -> str:
 @dataclass(frozen=True)
 class Borrowed:
     """An arm another study ran, read into this one: ``arm`` as that study's CSV writes it, ``name`` as this
-    study's claims call it (the same unless given). Its rows are read only where they were made on the kind
-    of machine this study's own runs were made on: the same config and seed train otherwise on another CPU
+    study's claims call it (the same unless given). Its run of seed s is read only where it was made on the kind
+    of machine this study's own arms of seed s were made on: the same config and seed train otherwise on another CPU
     (its bf16 kernels differ), so a pair across machines would not be a pair (repro/document.py)."""
 
     study: str
