@@ -123,7 +123,9 @@ def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_cl
     assert f"| 0.99 | 3 | {100 * statistics.mean(arms[0.99]):.2f} ± {100 * statistics.stdev(arms[0.99]):.2f} [" in text
     readme = f"intro\n{HEADLINE_BEGIN}\nold\n{HEADLINE_END}\nrest\n"
     new = replace_headline(readme, out.headline)
-    assert new.startswith(f"intro\n{HEADLINE_BEGIN}\nMomentum ablation") and new.endswith(f"{HEADLINE_END}\nrest\n")
+    assert new.startswith(f"intro\n{HEADLINE_BEGIN}\n**Momentum of the key encoder, cpu-quick budget** "
+                          f"(`momentum-cpu-quick`")
+    assert new.endswith(f"{HEADLINE_END}\nrest\n")
     with pytest.raises(ValueError, match="no <!-- repro:headline"):
         replace_headline("no markers", out.headline)
 

@@ -152,6 +152,30 @@ def test_a_momentum_claim_needs_five_half_lives_of_the_larger_m_and_a_budget_bel
     assert plain.met is True
 
 
+def test_a_momentum_claim_not_testable_at_one_budget_points_to_the_study_whose_budget_tested_it(tmp_path):
+    short, long = study("momentum-cpu-full"), study("momentum-long-cpu-full")
+    results = tmp_path / "results"
+    results.mkdir()
+    arms = {"0.9": _seeded(0.01, 0.001, 2), "0.99": _seeded(0.03, 0.001, 0), "0.999": _seeded(0.02, 0.001, 1)}
+
+    def momentum_rows(name: str, arms: dict[str, dict[int, float]]) -> pd.DataFrame:
+        return _rows(name, arms).assign(queue_size=4096, ema_half_life=math.nan)
+
+    momentum_rows(short.name, arms).to_csv(results / f"{short.name}.csv", index=False)
+    doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures")
+    line = next(x for x in doc.headline.splitlines() if x.startswith("- *m = 0.999 is better than 0.99"))
+    assert line.endswith("**not testable at this budget**.")  # no longer study: nothing to point to
+    momentum_rows(long.name, {a: arms[a] for a in ("0.99", "0.999")}).to_csv(results / f"{long.name}.csv", index=False)
+    doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures")
+    lines = [x for x in doc.markdown.splitlines() if x.startswith("- *m = 0.999 is better than 0.99")]
+    assert lines == [
+        "- *m = 0.999 is better than 0.99* (linear top-1, margin 1 point, outside this budget): `0.999` > `0.99`: "
+        "**not testable at this budget**. At 3,638 steps (`momentum-long-cpu-full`): `0.999` > `0.99`: **reversed**.",
+        "- *m = 0.999 is better than 0.99* (linear top-1, margin 1 point, one Holm family of 1): `0.999` > `0.99`: "
+        "**reversed**."]
+    assert lines[0] in doc.headline and lines[1] in doc.headline  # README's headline tables say it too
+
+
 def _symmetric_results(tmp_path, inbatch_device: str = "x"):
     """The control's own arm, momentum-cpu-full's m = 0.999 and the in-batch study: the symmetric loss within a
     tenth of a point of the queue arm, the in-batch arm 3 points lower; the in-batch runs made on ``inbatch_device``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import matplotlib
 
@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 from mocolab.analysis.stats import interval, paired  # noqa: E402
 from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
 from mocolab.repro.claims import FAIL_LOSS_FRACTION, FAIL_PRETEXT, RANDOM_INIT  # noqa: E402
-from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, diff_points, judge_study  # noqa: E402
+from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, diff_points, judge_study, tested_at  # noqa: E402
 from mocolab.repro.inputs import check_results  # noqa: E402
 from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, SAME_CONFIG, STUDIES, SUPERVISED,  # noqa: E402
                                 Study)
@@ -190,9 +190,10 @@ def _code_line(frame: pd.DataFrame) -> str:
 
 
 def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
-                     history: pd.DataFrame | None = None, bound: Bound | None = None) -> tuple[str, str, Path]:
+                     history: pd.DataFrame | None = None, bound: Bound | None = None,
+                     elsewhere: Mapping[str, str] | None = None) -> tuple[str, str, Path]:
     """(the study's section, README's headline table, the figure); ``history`` and ``bound`` as for
-    ``study_section``."""
+    ``study_section``; ``elsewhere``: what other studies' budgets could test of the claims this one's cannot."""
     arms = [a for a in frame["arm"].unique() if a not in BASELINE_ARMS]
     arms = sorted(arms, key=float)
     init = {m: by_seed(frame, RANDOM_INIT, m) for m in ("linear_top1", "knn_top1")}
@@ -221,7 +222,7 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
 
     steps = study.steps()
     paper, claims, baselines, plain = judge_study(study, frame, steps)
-    lines = claim_lines(claims, plain)
+    lines = claim_lines(claims, plain, elsewhere)
     figure = _momentum_figure(frame, arms, fig_dir / f"{study.name}.png", history)
     text = "\n".join([
         f"## {study.title}",
@@ -254,13 +255,13 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         paper.text,
         "",
         *_scale(study, frame, bound, steps),
-        *_verdict_block(claims, baselines, steps, plain),
+        *_verdict_block(claims, baselines, steps, plain, elsewhere),
         *_zero_diagnostics(frame),
     ])
     headline = "\n".join([
-        f"Momentum ablation, `{study.preset}` preset ({steps:,} steps), Fashion-MNIST, seeds finished per arm as "
-        "counted (top-1 %, mean ± std [95 % interval]; Δ: paired difference from the same seed's random-init "
-        "encoder):",
+        f"**{study.title}** (`{study.name}`: preset `{study.preset}`, {steps:,} steps), Fashion-MNIST, seeds "
+        "finished per arm as counted (top-1 %, mean ± std [95 % interval]; Δ: paired difference from the same "
+        "seed's random-init encoder):",
         "",
         "| m | seeds | linear | Δ linear | Δ kNN | paper (ImageNet) |",
         "|---|---|---|---|---|---|",
@@ -278,12 +279,13 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
     return text, headline, figure
 
 
-def _verdict_block(claims, baselines, steps: int, plain) -> list[str]:
+def _verdict_block(claims, baselines, steps: int, plain, elsewhere: Mapping[str, str] | None = None) -> list[str]:
     """The claims' verdicts, their table, the baseline checks and the budget's bar: a study section's end."""
     table = claim_table(claims, steps, plain)
     base = claim_table(baselines, steps, plain, baseline=True)
     return [
-        *(claim_lines(claims, plain) or ["- The paper states no claim this study tests; the tables are the finding."]),
+        *(claim_lines(claims, plain, elsewhere)
+          or ["- The paper states no claim this study tests; the tables are the finding."]),
         "",
         *(table + [""] if table else []),
         *(["### Baseline checks", "",
@@ -539,6 +541,7 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     fig_rel = Path("figures").as_posix() if fig_dir.parent == doc.parent else str(fig_dir)
     sections, headlines, figures = [], [], []
     bound = _bound(results)
+    tested = _momentum_tested(results)
     for study in STUDIES:
         path = results / f"{study.name}.csv"
         if not path.is_file():
@@ -548,7 +551,8 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         curves = results / HISTORY / f"{study.name}.csv"
         history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":
-            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history, bound)
+            elsewhere = _joined(found for name, found in tested if name != study.name)
+            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history, bound, elsewhere)
             headlines.append(headline)
         else:
             text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound, borrowed)
@@ -576,6 +580,28 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(markdown)
     return Written(markdown, "\n\n".join(headlines), figures)
+
+
+def _momentum_tested(results: Path) -> list[tuple[str, dict[str, str]]]:
+    """(study, what its budget could test) for every momentum study with results: the claims about m that a
+    short budget cannot test are answered, where one was run, by a longer one."""
+    out = []
+    for study in STUDIES:
+        path = results / f"{study.name}.csv"
+        if study.by == "moco.m" and path.is_file():
+            frame = _with_borrowed(study, _read(path), results)[0]
+            steps = study.steps()
+            _, claims, _, plain = judge_study(study, frame, steps)
+            out.append((study.name, tested_at(study, claims, plain, steps)))
+    return out
+
+
+def _joined(found: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for answers in found:
+        for words, text in answers.items():
+            out[words] = f"{out[words]} {text}" if words in out else text
+    return out
 
 
 def _read(path: Path) -> pd.DataFrame:

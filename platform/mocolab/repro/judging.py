@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 import pandas as pd
 
@@ -145,8 +146,11 @@ def claim_table(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
     return out
 
 
-def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], plain: Plain) -> list[str]:
-    """One line per claim: its words, the paper's kind and margin, and each comparison's verdict."""
+def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], plain: Plain,
+                elsewhere: Mapping[str, str] | None = None) -> list[str]:
+    """One line per claim: its words, the paper's kind and margin, and each comparison's verdict; a claim
+    not testable at this budget adds what another study at a budget that can test it found (``elsewhere``:
+    claim words -> that study's words, ``tested_at``)."""
     out = []
     for claim, rows in judged:
         if not rows:
@@ -158,8 +162,23 @@ def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
                   if all(j.verdict == NOT_TESTABLE for _, j in rows) else "no comparison tested yet")
         points = f"{100 * claim.margin:g} point" + ("" if claim.margin == 0.01 else "s")
         words = f"Control (no paper claim): {claim.words}" if claim.control else claim.words
+        there = (elsewhere or {}).get(claim.words) if all(j.verdict == NOT_TESTABLE for _, j in rows) else None
         out.append(f"- *{words}* ({METRIC_WORD[claim.metric]}, margin {points}, {family}): "
-                   + "; ".join(parts) + ".")
+                   + "; ".join(parts) + "." + (f" {there}" if there else ""))
+    return out
+
+
+def tested_at(study: Study, judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], plain: Plain,
+              steps: int) -> dict[str, str]:
+    """{claim words: what this study's budget could test of it}, for the sections whose budget could not:
+    ``At 3,638 steps (`momentum-long-cpu-full`): `0.999` > `0.99`: **not reproduced**.``"""
+    out = {}
+    for claim, rows in judged:
+        rows = [(pair, j) for pair, j in rows if j.verdict not in (NOT_TESTABLE, NOT_YET)]
+        if rows:
+            out[claim.words] = (f"At {steps:,} steps (`{study.name}`): " + "; ".join(
+                f"`{a}` {KIND_WORD[claim.kind]} `{b}`: {verdict_text(j, plain, control=claim.control)}"
+                for (a, b), j in rows) + ".")
     return out
 
 
