@@ -120,7 +120,7 @@ def test_ten_thousand_images_stream_through_two_workers_in_bounded_memory(tmp_pa
             "data.loader": loader, "augment.preset": "crop", "model.width": 4, "queue.size": 1024, "optim.epochs": 1,
             "optim.batch_size": 256, "optim.max_steps": steps, "eval.knn_bank": 512, "eval.linear_train": 512,
             "eval.knn_test": 500, "eval.linear_steps": 10, "eval.knn_every": 0, "run.num_workers": workers,
-            "run.cpus_per_worker": 1, "run.output_dir": str(tmp_path / "runs"), "run.name": f"{loader}-20k"})
+            "run.cpus_per_worker": 1, "run.output_dir": str(tmp_path / "runs"), "run.name": f"{loader}-{n // 1000}k"})
         out = fit(cfg, tracking_uri=uri)
         assert out.status == "finished" and out.steps == (steps or n // 256)
         growth[loader] = MlflowClient(uri).get_run(out.mlflow_run_id).data.metrics

@@ -402,7 +402,7 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
     for name in BASELINE_ARMS:
         base = frame[frame["arm"] == name]
         if len(base):
-            zero = "0" if name == "random-init" else "—"
+            zero = "0" if name == RANDOM_INIT else "—"
             rows.append(f"| {name} | {len(base)} | {_ci(base['linear_top1'])} | {zero} | {_ci(base['knn_top1'])} | "
                         f"{zero} | — | — | baseline |")
     steps = study.steps()
@@ -541,13 +541,14 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     fig_rel = Path("figures").as_posix() if fig_dir.parent == doc.parent else str(fig_dir)
     sections, headlines, figures = [], [], []
     bound = _bound(results)
-    tested = _momentum_tested(results)
+    loaded = {study.name: _with_borrowed(study, _read(path), results) for study in STUDIES
+              if (path := results / f"{study.name}.csv").is_file()}
+    tested = _momentum_tested(loaded)
     for study in STUDIES:
-        path = results / f"{study.name}.csv"
-        if not path.is_file():
+        if study.name not in loaded:
             sections.append(not_run(study))
             continue
-        frame, borrowed = _with_borrowed(study, _read(path), results)
+        frame, borrowed = loaded[study.name]
         curves = results / HISTORY / f"{study.name}.csv"
         history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":
@@ -582,14 +583,14 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     return Written(markdown, "\n\n".join(headlines), figures)
 
 
-def _momentum_tested(results: Path) -> list[tuple[str, dict[str, str]]]:
-    """(study, what its budget could test) for every momentum study with results: the claims about m that a
-    short budget cannot test are answered, where one was run, by a longer one."""
+def _momentum_tested(loaded: Mapping[str, tuple[pd.DataFrame, list[str]]]) -> list[tuple[str, dict[str, str]]]:
+    """(study, what its budget could test) for every momentum study with results (``loaded``: study -> its
+    frame, as ``write`` read it): the claims about m that a short budget cannot test are answered, where one
+    was run, by a longer one."""
     out = []
     for study in STUDIES:
-        path = results / f"{study.name}.csv"
-        if study.by == "moco.m" and path.is_file():
-            frame = _with_borrowed(study, _read(path), results)[0]
+        if study.by == "moco.m" and study.name in loaded:
+            frame = loaded[study.name][0]
             steps = study.steps()
             _, claims, _, plain = judge_study(study, frame, steps)
             out.append((study.name, tested_at(study, claims, plain, steps)))

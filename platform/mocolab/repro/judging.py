@@ -158,11 +158,12 @@ def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
         parts = [f"`{a}` {KIND_WORD[claim.kind]} `{b}`: {verdict_text(j, plain, control=claim.control)}"
                  for (a, b), j in rows]
         size = max(j.family_size for _, j in rows)
+        untestable = all(j.verdict == NOT_TESTABLE for _, j in rows)
         family = (f"one Holm family of {size}" if size else "outside this budget"
-                  if all(j.verdict == NOT_TESTABLE for _, j in rows) else "no comparison tested yet")
+                  if untestable else "no comparison tested yet")
         points = f"{100 * claim.margin:g} point" + ("" if claim.margin == 0.01 else "s")
         words = f"Control (no paper claim): {claim.words}" if claim.control else claim.words
-        there = (elsewhere or {}).get(claim.words) if all(j.verdict == NOT_TESTABLE for _, j in rows) else None
+        there = (elsewhere or {}).get(claim.words) if untestable else None
         out.append(f"- *{words}* ({METRIC_WORD[claim.metric]}, margin {points}, {family}): "
                    + "; ".join(parts) + "." + (f" {there}" if there else ""))
     return out
