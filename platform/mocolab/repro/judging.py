@@ -217,8 +217,9 @@ RULES = [
     f"two momenta is **{NOT_TESTABLE}** when the run trains fewer than {HALF_LIVES} half-lives (ln 0.5 / ln m "
     f"steps) of the larger m: before that its key encoder still holds more than 3 % of its random start. A study "
     "whose budget does not clear *learning is plain* marks its verdicts provisional. These rules were written "
-    "after the two momentum studies had run and before the queue, batch-norm and long-momentum studies at "
-    "cpu-full; the momentum verdicts are re-judged by them.",
+    "after `momentum-cpu-full` had run (and a `momentum-cpu-quick` whose runs the store no longer holds) and "
+    "before the queue, batch-norm and long-momentum studies at cpu-full and the `momentum-cpu-quick` shown here; "
+    "the `momentum-cpu-full` verdicts are re-judged by them.",
     "",
     "A study may read an arm another study ran, under the name its claims use; it reads that arm's run of seed "
     "s only where it was made on the kind of machine its own arms of seed s were made on, since another CPU "
