@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -247,7 +248,6 @@ def test_the_arms_the_document_calls_one_config_recorded_the_same_config_in_ever
 @needs_fmnist
 def test_a_study_of_the_plan_runs_its_baselines_then_resumes_under_its_name(tmp_path):
     """``run_study`` as ``mocolab repro`` calls it, on a study shaped like the plan's but sized for a test."""
-    from dataclasses import replace
 
     from mocolab.repro.run import run_study
 
@@ -346,7 +346,7 @@ def test_a_stopped_repro_stops_its_study_once_and_waits_for_it_to_close(tmp_path
 
 def test_repro_status_counts_each_studys_trials_in_the_store_and_names_what_goes_on(committed_store, capsys):
     from mocolab.cli.commands import main
-    from mocolab.repro.status import StudyStatus
+    from mocolab.repro.status import StudyStatus, status_lines
 
     assert main(["repro", "--status", "--tracking-uri", committed_store]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -362,6 +362,12 @@ def test_repro_status_counts_each_studys_trials_in_the_store_and_names_what_goes
     left = [s.name for s in STUDIES if int(rows[s.name][1])]
     assert out[-1] == (f"next: `mocolab repro` goes on in the plan's order, from {left[0]} (or `mocolab repro "
                        "--study NAME` for one)" if left else "every study has ended")
+    # a study the store holds no run of, after one it holds whole: the command goes on from the first
+    fresh = replace(study("momentum-cpu-quick"), name="momentum-not-run")
+    lines = status_lines([study("momentum-cpu-quick"), fresh], Store(committed_store), cpus=2)
+    assert lines[2].split()[:3] == ["momentum-not-run", "0/25", "25"] and lines[2].endswith("not started")
+    assert lines[-1] == ("next: `mocolab repro` goes on in the plan's order, from momentum-not-run (or `mocolab "
+                         "repro --study NAME` for one)")
     # the hours left: the trials left at the ended ones' pace, as many at a time as the CPUs hold
     bn = StudyStatus(study("bn-cpu-full"), ended=4, unfinished={}, machines=(), trial_minutes=12.0)
     assert bn.left == 16 and bn.hours_left(2) == pytest.approx(16 * 12 / 60)  # two ranks a trial: one at a time
