@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # set-up's steps run side by side (SETUP, below)
 APT_GET := $(if $(shell command -v flock),flock /tmp/.mocolab-apt.lock )apt-get
 
-.PHONY: setup setup-test data postgres chromium peers run repro lint test test-fast test-avx2 test-durations test-cluster test-deploy train clean
+.PHONY: setup setup-test data postgres chromium peers run repro lint test test-fast test-avx2 test-durations test-cluster test-deploy train mutate screenshots clean
 
 # What `make run` needs: mocolab and its dependencies, Fashion-MNIST.
 setup: $(STAMP) data
@@ -177,6 +177,25 @@ test-deploy: setup-test
 	fi
 	CONTAINERS_CONF=$(CURDIR)/docker/standin/containers.conf $(DEPLOY_NICE) \
 	  $(PY) -m pytest -n 0 -s tests/deploy/deploy_stack.py $(PYTEST_ARGS)
+
+# Mutation testing (tests/mutate.py, docs/contributing.md): mutmut over the verdict rules, the code fingerprint, the
+# named backbones and method/, each against its own area's fast tests, in scratch copies (never these files).
+# Not part of make test: about 30 min on two cores. MUTATE_TARGETS: some of verdicts code_fingerprint named method;
+# MUTATE_ARGS: more of tests/mutate.py's flags (-k EXPR: a subset of the targets' tests).
+MUTATE_TARGETS ?=
+MUTATE_ARGS ?=
+MUTATE_NICE ?=
+mutate: $(TEST_STAMP)
+	$(MUTATE_NICE) $(PY) tests/mutate.py $(MUTATE_TARGETS) $(MUTATE_ARGS)
+
+# The pictures docs/tracking.md opens with, from a tiny momentum study (the MLflow UI test's, minutes): the view a
+# study's link opens (tests/artifacts/mlflow-view.png) and the report's feature maps, as PNGs under 300 KB each.
+screenshots: $(TEST_STAMP) chromium
+	$(PY) -m pytest -p no:randomly -n 0 tests/tracking/test_mlflow_ui.py -k printed_view $(PYTEST_ARGS)
+	@mkdir -p docs/images
+	$(PY) -c "import sys; from PIL import Image; [Image.open(f'tests/artifacts/{n}').convert('RGB')\
+	  .quantize(96).save(f'docs/images/{n}', optimize=True) for n in sys.argv[1:]]" mlflow-view.png feature-maps.png
+	@ls -l docs/images/mlflow-view.png docs/images/feature-maps.png
 
 clean:
 	rm -rf runs mlruns mlflow.db .pytest_cache

@@ -14,13 +14,19 @@ from mocolab.models.pooling import MaxPool2x2
 
 
 def held_batches(tr: Trainer, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first ``n`` (images, index) batches of one epoch, decoded ahead so the timing is the step alone;
-    the schedule is moved out of reach so no benchmark step is the run's last.  The process's allocator is
-    set as a training process sets it (``keep_freed_memory``), for everything the benchmark runs."""
+    """The first ``n`` (images, index) batches of the data order (over several epochs where one holds fewer),
+    decoded ahead so the timing is the step alone; the schedule is moved out of reach so no benchmark step
+    is the run's last.  The process's allocator is set as a training process sets it (``keep_freed_memory``),
+    for everything the benchmark runs."""
     keep_freed_memory()
     tr.schedule.total_steps = 10**9
-    batches = tr.data.epoch_indexed(torch.Generator().manual_seed(0), tr.batch, 0, 1, 0)
-    return [next(batches) for _ in range(n)]
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for epoch in range(n):
+        for batch in tr.data.epoch_indexed(torch.Generator().manual_seed(epoch), tr.batch, 0, 1, 0):
+            if len(held) == n:
+                return held
+            held.append(batch)
+    return held
 
 
 def timed_steps(tr: Trainer, data: list, warmup: int, sync=lambda: None) -> float:

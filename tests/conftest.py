@@ -298,6 +298,18 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"CI=true: skipping is not allowed here: {reason}"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same rule for a skip at collection (a module's ``pytest.importorskip``): under CI=true the module's
+    tests would otherwise vanish from the run, which ends green beside the others."""
+    outcome = yield
+    report = outcome.get_result()
+    if CI and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: skipping is not allowed here: {reason}"
+
+
 def kill_processes_with_env(key: str, value: str, timeout: float = 30.0) -> int:
     """SIGTERM, then SIGKILL, every process whose environment holds ``key=value``; returns how many.
 

@@ -19,6 +19,7 @@ from mocolab.config.addresses import check_addresses
 from mocolab.config import Config
 from mocolab.data.roots import check_data
 from mocolab.config.flags import check_seeds
+from mocolab.config.launch_fields import config_file_requests
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -103,19 +104,24 @@ def sweep(grid: Mapping[str, Sequence[Any]] | Sequence[str], *, preset: str = "c
     ``"random"``, ``samples`` trials per seed sample the grid's values. ``name`` (default from the fields,
     preset and first seed) resumes: the same call again runs only what is not done. ``flags``: the
     studies' other settings (``workers_per_trial``, ``max_concurrent``, ``tracking_uri``, ``storage``,
-    ``stop_after``, ``register``, ``watch_s``, ``scheduler``, ``metric``). Bad input raises ValueError.
+    ``stop_after``, ``register``, ``watch_s``, ``scheduler``, ``metric``). A worker count, CPU or GPU share or
+    ``experiment`` not given here is taken from ``overrides``' ``run.*`` field where it has one; given in both,
+    they must agree. Bad input raises ValueError.
     """
     from mocolab.tune.grid import EXPERIMENT, check_grid, grid_report, grid_sweep, parse_grid
-    from mocolab.tune.spec import LAUNCH_FIELDS, Launch, check_sweep
+    from mocolab.tune.spec import LAUNCH_FIELDS, Launch, check_sweep, settle_launch
 
     _check_flags(flags, LAUNCH_FIELDS)
-    launch = Launch(**{k: flags.pop(k) for k in LAUNCH_FIELDS if k in flags})
+    given = {k: flags.pop(k) for k in LAUNCH_FIELDS if k in flags}
+    given = {k: v for k, v in given.items() if v is not None}  # None: not given (a --set value, else the default)
+    launch = Launch(**given)
     points = parse_grid(grid) if not isinstance(grid, Mapping) else check_grid(grid)
     check_seeds(first_seed, seeds)
-    fields = _config.config_file_overrides(config_file) if config_file else {}
+    fields = config_file_requests(preset, _config.config_file_overrides(config_file)) if config_file else {}
     spec = grid_sweep(points, preset=preset, seeds=range(first_seed, first_seed + seeds),
                       overrides={**fields, **_overrides(overrides)}, name=name, experiment=experiment or EXPERIMENT,
                       search=search, samples=samples, **flags)
+    spec, launch = settle_launch(spec, launch, {*given, *(["study"] if experiment is not None else [])})
     check_sweep(spec, launch)  # bad input raises here: run_study takes a checked sweep
     from mocolab.tune.study import run_study
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from mocolab.config import build_config
+from mocolab.repro.store_file import unpack
 from mocolab.tracking import Store
 from mocolab.training.trainer import Trainer
 
@@ -32,6 +33,7 @@ def trained_val_linear(store: Store) -> dict[int, float]:
 
 
 def main() -> int:
+    unpack(STORE)  # the committed store is runs.db.xz: expanded where runs.db is missing or older
     trained = trained_val_linear(Store(f"sqlite:///{STORE}"))
     print("seed,random_init,trained,learned")
     learned = []

@@ -62,3 +62,26 @@ def test_a_studys_closing_tests_pair_each_arm_with_the_reference_by_seed_holm_co
     one_seed = pd.DataFrame([r for r in rows if r["params.run.seed"] == 0])
     assert against_reference(one_seed, "queue.size", max) == [
         "Paired t-tests across seeds need two seeds or more of an arm (--seeds 2); none here."]
+
+
+def test_the_upper_bound_slope_and_contrasts_are_scipys_one_sided_bound_regression_and_one_sample_test():
+    from mocolab.analysis.stats import contrast, order_weights, slope_weights, upper_bound
+
+    diffs = [0.001, -0.002, 0.0005, 0.0015, -0.001]
+    iv = interval(diffs)
+    assert upper_bound(iv) == pytest.approx(iv.mean + stats.t.ppf(0.95, 4) * stats.sem(diffs))
+    assert math.isnan(upper_bound(interval([0.1])))
+    xs = [8.0, 10.0, 12.0, 14.0]
+    ys = [0.80, 0.83, 0.81, 0.86]
+    assert sum(w * y for w, y in zip(slope_weights(xs), ys)) == pytest.approx(stats.linregress(xs, ys).slope)
+    assert order_weights(3) == [-1.0, 0.0, 1.0] and order_weights(4) == [-0.75, -0.25, 0.25, 0.75]
+    arms = [{0: 0.80, 1: 0.81, 2: 0.79, 3: 0.5}, {0: 0.82, 1: 0.84, 2: 0.80}, {0: 0.85, 1: 0.85, 2: 0.83}]
+    c = contrast(arms, [-1.0, 0.0, 1.0], "order")
+    values = [0.05, 0.04, 0.04]  # seed 3: one arm only, left out
+    assert c.n == 3 and c.diff.mean == pytest.approx(sum(values) / 3)
+    assert c.p == pytest.approx(stats.ttest_1samp(values, 0.0).pvalue)
+    # two arms with weights (1, -1): the paired test
+    two = contrast(arms[2:] + arms[:1], [1.0, -1.0], "pair")
+    assert two.p == pytest.approx(paired(arms[2], arms[0], ("a", "b")).p)
+    with pytest.raises(ValueError, match="xs"):
+        slope_weights([1.0, 1.0])

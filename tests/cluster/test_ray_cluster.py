@@ -192,7 +192,7 @@ def test_working_dir_job_runs_on_nodes_that_have_no_mocolab(tmp_path, cluster_wi
     # Relative (default) store and storage would land in the job's temporary copy: refused, nothing written.
     rc, out = _submit(submit, env, REPO)
     assert rc != 0 and "is inside this job's --working-dir copy" in out, out[-4000:]
-    # .rayignore keeps the reproduction's store (results/runs.db, 33 MB) out of the job's package
+    # .rayignore keeps the reproduction's store (results/runs.db and its packed form) out of the job's package
     assert "is very large" not in out, out[-4000:]
     assert "--tracking-uri" in out or "--storage" in out
     uri = mlflow_store(tmp_path)

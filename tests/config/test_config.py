@@ -255,7 +255,8 @@ def test_a_string_field_may_hold_the_word_none_and_other_fields_may_not_be_empti
 TAKES_HUGE = {
     "data.subset": "capped at the set's size", "data.memory_budget_mb": "a budget, not an allocation",
     "optim.epochs": "a long run", "optim.max_steps": "a long run", "optim.lr": "recorded as diverged if too high",
-    "eval.knn_k": "capped at the bank", "eval.knn_every": "never within the run", "eval.knn_bank": "capped at the set",
+    "eval.knn_k": "capped at the bank", "eval.knn_k_small": "capped at the bank",
+    "eval.knn_every": "never within the run", "eval.knn_bank": "capped at the set",
     "eval.knn_test": "capped at the set", "eval.linear_train": "capped at the set",
     "eval.linear_test": "capped at the set",
     "eval.drift_probes": "capped at the dictionary's slots", "run.checkpoint_every": "never within the run",
@@ -266,12 +267,14 @@ TAKES_HUGE = {
     "data.stream_tasks": "capped at 64",
 }
 # ... and zero: a field that is off at 0, or whose 0 is a value
-TAKES_ZERO = {"augment.jitter", "model.hidden", "moco.m", "bank.negatives", "optim.warmup_epochs", "optim.momentum",
+TAKES_ZERO = {"run.step_metrics_every", "eval.feature_map_images",
+              "augment.jitter", "model.hidden", "moco.m", "bank.negatives", "optim.warmup_epochs", "optim.momentum",
               "optim.weight_decay", "eval.knn_every", "eval.linear_wd", "eval.drift_probes", "run.seed",
+              "eval.knn_k_small", "eval.low_label_wd",
               "run.num_workers", "run.threads", "run.gpus_per_worker", "run.checkpoint_every",
               "run.system_metrics_s", "run.max_failures", "run.fault_step", "vit.patch_size", "vit.depth",
               "vit.heads", "vit.mlp_ratio", "bank.momentum", "queue.size", "data.max_bad_fraction",
-              "data.val_size"}
+              "data.val_size", "data.store_short_side", "data.store_max_side"}  # 0: derived from data.image_size
 
 
 @pytest.mark.parametrize("preset", list_presets())

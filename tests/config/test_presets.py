@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,7 +56,13 @@ def test_cifar10_resnet18_trains_on_cifar_shaped_images(tmp_path):
         "eval.linear_steps": 5})
     assert cfg.queue.size == 4096 and cfg.model.backbone == "resnet18"
     result = run_training(cfg)
-    assert result.steps == 2 and not result.diverged and 0.0 <= result.linear_top1 <= 1.0
+    assert result.steps == 2 and not result.diverged
+    # the preset's own settings trained: its momentum, its K over the batch as the queue's age bound
+    [epoch] = result.history
+    assert (epoch.step, epoch.m, epoch.max_staleness_bound) == (2, 0.99, 4096 / 64), epoch
+    assert math.isfinite(result.final_loss) and result.final_loss == epoch.loss and 0 < epoch.pretext_acc <= 1
+    assert 0 < result.final_loss < math.log(1 + 4096) + 1  # InfoNCE over at most K + 1 logits, two steps in
+    assert 0.1 < result.linear_top1 <= 1.0  # ten classes the features tell apart, untrained or not: above chance
 
 
 @pytest.mark.slow
@@ -67,7 +75,10 @@ def test_imagenet_resnet50_streams_imagenet_shaped_images(tmp_path, ray_session)
     assert (cfg.data.loader, cfg.data.image_size, cfg.model.backbone, cfg.model.head) == \
         ("stream", 224, "resnet50", "mlp")
     out = fit(cfg, log_to_mlflow=False)
-    assert out.status == "finished" and out.steps == 2 and out.linear_top1 is not None
+    assert out.status == "finished" and out.steps == 2 and not out.resumed
+    assert out.final_loss is not None and 0 < out.final_loss < math.log(1 + 64) + 1  # InfoNCE over K + 1 = 65
+    assert 0.1 < out.linear_top1 <= 1.0 and 0.0 <= out.knn_top1 <= 1.0  # ten classes: the probe above chance
+    assert out.checkpoint_path and Path(out.checkpoint_path).parent == tmp_path / "runs" / "in-r50"
 
 
 @pytest.mark.slow

@@ -265,18 +265,23 @@ def _write_png_folder(root: Path) -> None:
 
 def test_imagefolder_loads_pngs(tmp_path):
     _write_png_folder(tmp_path)
+    from mocolab.data.augment import centre_views
+
     train = load_dataset("imagefolder", "train", str(tmp_path), image_size=16)
-    assert train.images.shape == (6, 3, 16, 16) and train.images.dtype == torch.uint8
+    # stored whole (data/canvas.py): short side 18 (16 x 256/224), longer side at most 36, one header row
+    assert train.images.shape == (6, 3, 19, 36) and train.images.dtype == torch.uint8 and train.view_size == 16
     assert train.labels.tolist() == [0, 0, 0, 1, 1, 1]
     assert train.classes == 2 and train.name == "imagefolder"
+    views = centre_views(train.images, 16)
+    assert views.shape == (6, 3, 16, 16)
     # Colour survives decoding and resizing: cats are red, dogs (colour ones) blue.
-    assert (train.images[0, 0] == 200).all() and (train.images[0, 2] == 0).all()
-    assert (train.images[3, 2] == 200).all() and (train.images[3, 0] == 0).all()
+    assert (views[0, 0] == 200).all() and (views[0, 2] == 0).all()
+    assert (views[3, 2] == 200).all() and (views[3, 0] == 0).all()
     # The grayscale image became three equal channels.
-    assert torch.equal(train.images[5, 0], train.images[5, 1]) and torch.equal(train.images[5, 1], train.images[5, 2])
-    # "test" falls back to val/ ; default size is 64.
+    assert torch.equal(views[5, 0], views[5, 1]) and torch.equal(views[5, 1], views[5, 2])
+    # "test" falls back to val/ ; default size is 64 (stored at 73, capped at 146).
     test = load_dataset("imagefolder", "test", str(tmp_path))
-    assert test.images.shape == (6, 3, 64, 64)
+    assert test.images.shape == (6, 3, 74, 146) and test.view_size == 64
     assert test.labels.tolist() == [0, 0, 0, 1, 1, 1]
     check_readable("imagefolder", str(tmp_path))
 
@@ -322,7 +327,9 @@ def test_imagefolder_names_corrupt_files_and_converts_16_bit_and_palette(tmp_pat
     assert train.labels.tolist() == [-1, -2, 0, 0] and train.unreadable_rows.tolist() == [True, True, False, False]
     assert train.unreadable_names() == ["train/a/broken.png", "train/a/empty.jpg"]
     assert not train.images[:2].any()
-    grey, palette = train.images[2], train.images[3]
+    from mocolab.data.augment import centre_views
+
+    grey, palette = centre_views(train.images[2:], 8)
     assert (grey == 128).all()
     assert palette[:, 4, 4].tolist() == [10, 200, 30]
 
@@ -474,15 +481,23 @@ def _photo_like_jpeg(w: int = 500, h: int = 375, seed: int = 0) -> bytes:
 
 def test_reduced_scale_decode_stays_close_to_the_full_size_decode():
     """The loaders' decoder (DCT scaling, resize on uint8) against every pixel decoded and resized in float."""
+    from mocolab.data.canvas import StoreLayout, stored_sizes
     from mocolab.data.image_index import dct_scale, decode_bytes, decode_bytes_full
 
-    assert [dct_scale(500, 375, s) for s in (224, 160, 112, 64, 32)] == [1, 2, 2, 4, 8]
-    assert dct_scale(2000, 1500, 224) == 4 and dct_scale(100, 80, 224) == 1  # a small file is enlarged, never reduced
+    stored = [StoreLayout.derived(s).stored_size(375, 500) for s in (224, 160, 112, 64, 32)]
+    assert stored[0] == (256, 341) and stored[3] == (73, 97)
+    assert [dct_scale(500, 375, w, h) for h, w in stored] == [1, 2, 2, 4, 8]
+    assert dct_scale(2000, 1500, 341, 256) == 4 and dct_scale(100, 80, 341, 256) == 1  # small: enlarged, never reduced
     for seed in range(3):
         data = _photo_like_jpeg(seed=seed) if seed != 2 else _photo_like_jpeg(375, 500, seed)  # and a portrait
         for size in (224, 112, 64):
-            fast, full = decode_bytes(data, size), decode_bytes_full(data, size)
-            assert fast.shape == full.shape == (3, size, size) and fast.dtype == torch.uint8 and fast.is_contiguous()
+            layout = StoreLayout.derived(size)
+            fast, full = decode_bytes(data, layout), decode_bytes_full(data, layout)
+            assert fast.shape == full.shape == (3, *layout.canvas_hw) and fast.dtype == torch.uint8
+            h, w, flip = stored_sizes(fast[None])
+            assert [h.item(), w.item(), flip.item()] == [layout.short, round(500 * layout.short / 375), seed == 2]
+            assert torch.equal(fast[0, -1], full[0, -1])  # the same header
+            fast, full = fast[:, :h, :w], full[:, :h, :w]
             diff = (fast.float() - full.float()).abs()
             assert diff.mean() < 1.0, (seed, size, float(diff.mean()))  # of 255; a one-pixel shift is 2 to 5
             assert (diff > 32).float().mean() < 0.01, (seed, size)  # no region decoded wrong, only edges resampled
@@ -500,5 +515,7 @@ def test_decoders_read_png_and_grayscale_jpeg_alike():
         buf = io.BytesIO()
         grey.save(buf, fmt)
         fast, full = decode_bytes(buf.getvalue(), 32), decode_bytes_full(buf.getvalue(), 32)
-        assert fast.shape == (3, 32, 32) and torch.equal(fast[0], fast[1]) and torch.equal(fast[1], fast[2])
+        assert fast.shape == (3, 38, 74) and torch.equal(fast[1], fast[2])  # channel 0 holds the header
+        fast, full = fast[:, :37, :74], full[:, :37, :74]  # 100×125 stored at 37×46 (of a 37×74 canvas)
+        assert torch.equal(fast[0], fast[1]) and not fast[:, :, 46:].any() and fast[:, :, 45].any()
         assert (fast.float() - full.float()).abs().max() <= 2, fmt

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shlex
 from functools import cache
 from pathlib import Path
@@ -256,6 +257,40 @@ def test_ray_clusters_have_token_auth_mlflow_and_shared_storage(file):
     gpu = [g for g in cluster["workerGroupSpecs"]
            if g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")]
     assert gpu and all(g["rayStartParams"]["num-gpus"] == "1" for g in gpu)
+
+
+def _documented_cpus_per_gpu() -> int:
+    """docs/cluster.md's figure: the CPUs a GPU's streamed run needs (its decoding and the trainer)."""
+    (n,) = re.findall(r"needs \*\*(\d+) CPUs per GPU\*\*", (REPO / "docs" / "cluster.md").read_text())
+    return int(n)
+
+
+def _cpus(quantity: str) -> float:
+    """A Kubernetes CPU quantity ("14", "500m") in CPUs."""
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+@pytest.mark.parametrize("file", ["raycluster.yaml", "rayjob.yaml"])
+def test_gpu_workers_have_the_cpus_their_stream_decodes_on(file):
+    """Each GPU worker pod asks for docs/cluster.md's CPUs per GPU or more (request and limit: the limit is the
+    cgroup's quota the decode tasks share), and Ray is not told fewer; the RayJob's study lets that many
+    decode tasks run (``data.stream_tasks``: all but the trainer's CPU)."""
+    need = _documented_cpus_per_gpu()
+    (doc,) = manifests(file)
+    cluster = doc["spec"].get("rayClusterSpec", doc["spec"])
+    groups = [g for g in cluster["workerGroupSpecs"]
+              if g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")]
+    assert groups
+    for g in groups:
+        resources = g["template"]["spec"]["containers"][0]["resources"]
+        gpus = int(resources["limits"]["nvidia.com/gpu"])
+        for kind in ("requests", "limits"):
+            assert _cpus(resources[kind]["cpu"]) >= need * gpus, (file, g["groupName"], kind, resources[kind], need)
+        if "num-cpus" in g["rayStartParams"]:
+            assert float(g["rayStartParams"]["num-cpus"]) >= need * gpus, (file, g["rayStartParams"])
+    if doc["kind"] == "RayJob":
+        (tasks,) = re.findall(r"data\.stream_tasks=(\d+)", doc["spec"]["entrypoint"])
+        assert int(tasks) >= need - 1, (tasks, need)
 
 
 def test_the_job_submitter_has_the_token():

@@ -10,9 +10,12 @@ where it is not.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +88,9 @@ TIME_OVERRIDES = {
                            "--set optim.batch_size=64",
                            [r"torchrun \+ DDP\s+checkpoint every 1\s+[\d.]+\s+[\d.]+",
                             r"Ray Train\s+no checkpoint\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%\s+[\d.]+"]),
+    "online_probe_cost.py": ("--steps 1 --warmup 1 --set data.subset=1024 --set queue.size=256 "
+                             "--set optim.batch_size=64",
+                             [r"the online probe's hooks [\d.]+ ms = [\d.]+ % of it"]),
     "stream_decode.py": ("--images 128 --sizes 64 --repeats 1",
                          [r"stream as it is: reduced-scale, batched\s+\d+\s+\d+\s+[\d.]+x",
                           r"ImageFolder \+ DataLoader\(\d+ workers\)\s+\d+\s+\d+\s+[\d.]+x"]),
@@ -102,3 +108,49 @@ def test_readme_time_benchmark_runs_with_a_size_override(script):
     line = next(line for line in commands("time-benchmarks") if f"benchmarks/{script}" in line)
     extra, patterns = TIME_OVERRIDES[script]
     _run_and_check(script, f"{line} {extra}", patterns)
+
+
+# The GPU script's figures (benchmarks/gpu.py), in the order it writes them, and the step's variants: the
+# compile variant last, after every other figure, since its cold start is the longest
+GPU_FIGURES = ["machine", "syncs", "step", "peak_memory", "decode_cpus", "views", "step", "step", "step", "step",
+               "step", "step", "jpeg_decode", "final_eval", "step", "done"]
+GPU_VARIANTS = ["base", "drift probes off", "online probe off", "plain BN", "channels_last", "fp32", "fp16", "compile"]
+
+
+@pytest.mark.slow
+def test_gpu_script_dry_run_writes_each_figure_as_it_comes(tmp_path):
+    """``benchmarks/gpu_run.sh --dry-run`` as the GPU machine runs it (its ``$OUT``, the script refusing Ray and
+    MLflow, which that machine lacks), at toy sizes on this CPU: each figure is a JSON line of figures.jsonl,
+    measured (none skipped), and each line is in the file while the run goes on, so a run cut off still
+    reports: the file, read as the run goes, holds one count of lines after another, not a few bursts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST") and k != "RAY_ADDRESS"}
+    env.update(PYTHON=sys.executable, OUT=str(tmp_path / "out"))
+    figures, log = tmp_path / "out" / "figures.jsonl", tmp_path / "log"
+    seen: set[int] = set()  # the counts of whole lines the file held while the run was going
+    with log.open("w") as sink:
+        proc = subprocess.Popen(["bash", "benchmarks/gpu_run.sh", "--dry-run"], cwd=REPO, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while proc.poll() is None and time.monotonic() < deadline:
+                if figures.exists():
+                    seen.add(figures.read_text().count("\n"))
+                time.sleep(0.1)
+        finally:
+            proc.kill()
+            proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 0, output[-4000:]
+    lines = [json.loads(line) for line in figures.read_text().splitlines()]
+    assert [line["figure"] for line in lines] == GPU_FIGURES, output[-4000:]
+    assert len(seen - {0}) >= len(GPU_FIGURES) // 2, f"the lines came in bursts: {sorted(seen)}"
+    assert [line["variant"] for line in lines if line["figure"] == "step"] == GPU_VARIANTS
+    assert not [line for line in lines if "skipped" in line or "error" in line], output[-4000:]
+    steps = [line for line in lines if line["figure"] == "step"]
+    assert all(s["images_per_s"] > 0 and s["first_step_s"] > 0 for s in steps), steps
+    assert {s["preset"] for s in steps} == {"imagenet-resnet50"}
+    by_name = {line["figure"]: line for line in lines}
+    assert by_name["syncs"]["steps"] >= 1 and isinstance(by_name["syncs"]["dispatch_counts"], dict)
+    assert by_name["jpeg_decode"]["cpu_one_core_images_per_s"] > 0
+    assert by_name["final_eval"]["knn_s"] > 0 and by_name["final_eval"]["probe_s"] > 0
+    assert by_name["done"]["loaded"] == [] and by_name["done"]["failed"] == []  # neither Ray nor MLflow

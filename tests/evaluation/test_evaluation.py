@@ -82,7 +82,7 @@ def _run_evaluation(validation: bool) -> Evaluation:
     source = MemorySource(train, load_dataset("synthetic", "test", synthetic_size=256, seed=0), val=val)
     torch.manual_seed(0)
     encoder = build_encoder("convnet", 1, width=8, head="linear", dim=16)
-    cfg = EvalConfig(knn_k=20, knn_bank=None, knn_test=None, linear_train=None, linear_steps=5)
+    cfg = EvalConfig(knn_k=20, knn_bank=None, knn_test=None, linear_train=None, linear_steps=5, low_label_steps=5)
     return Evaluation(encoder, source, cfg, device=torch.device("cpu"), validation=validation)
 
 

@@ -175,7 +175,13 @@ def _shuffle_worker(rank: int, world: int, b: int) -> dict:
         with torch.no_grad():
             k = sh.unshuffle(f(xs), restore)
             direct = f(x)
-        out[name] = {"shuffled_ids": xs[:, 0].long(), "unshuffled": k, "direct": direct}
+        # the reference's way: gather the whole global batch, take this rank's slice of one permutation
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        perm = torch.randperm(b * world, generator=torch.Generator().manual_seed(seed))
+        gathered = torch.cat(parts)[perm.view(world, b)[rank]]
+        out[name] = {"shuffled_ids": xs[:, 0].long(), "unshuffled": k, "direct": direct, "shuffled": xs,
+                     "gathered": gathered}
     return out
 
 
@@ -185,6 +191,8 @@ def test_cross_rank_shuffle_roundtrip_and_mixing(tmp_path):
     for r in range(world):
         for name in "abc":
             torch.testing.assert_close(res[r][name]["unshuffled"], res[r][name]["direct"], atol=1e-6, rtol=1e-5)
+            # all_to_all moves 1/W of what a gather moves, and gives the gathered slice, to the bit
+            assert torch.equal(res[r][name]["shuffled"], res[r][name]["gathered"])
     for name in "abc":
         ids = [res[r][name]["shuffled_ids"] for r in range(world)]
         assert sorted(torch.cat(ids).tolist()) == list(range(world * b))  # one permutation of all samples

@@ -176,3 +176,39 @@ def test_two_ranks_keep_one_dictionary_and_one_set_of_probes(tmp_path, over):
             assert torch.equal(res[0][key], res[1][key]), key
         written = res[0]["probe_step"] >= 0
         assert bool(written.any()) and bool((res[0]["probe_ref"][written].norm(dim=1) > 0.99).all())
+
+
+# ------------------------------------------------------------------------- the batch-keys control
+
+def test_batch_keys_is_v2_without_its_queue_a_symmetric_infonce_against_the_batch_s_keys():
+    """moco.negatives=batch_keys: v2's encoder (no predictor) and EMA key encoder, both views queries, each
+    against the other view's keys of the batch (own key positive), the two directions' InfoNCE averaged."""
+    from mocolab.config import build_config
+    from mocolab.method.moco import BatchKeysMoCo
+    from mocolab.training.trainer import Trainer
+
+    cfg = build_config("smoke", {"data.name": "synthetic", "data.subset": 512, "optim.batch_size": 32,
+                                 "moco.negatives": "batch_keys", "moco.bn": "plain", "optim.max_steps": 3,
+                                 "eval.knn_every": 0})
+    tr = Trainer(cfg)
+    model = tr.model
+    assert isinstance(model, BatchKeysMoCo) and model.queue is None and model.dictionary is None
+    assert not hasattr(model.encoder_q, "predictor") or model.encoder_q.predictor is None
+    torch.manual_seed(0)
+    x1, x2 = torch.randn(2, 16, 1, 28, 28).unbind(0)
+    out = model(x1, x2)
+    # the same step by hand, from the encoders the model has after its EMA update
+    with torch.no_grad():
+        q1, q2 = (F.normalize(model.encoder_q(x), dim=1) for x in (x1, x2))
+        k1, k2 = (F.normalize(model.encoder_k(x), dim=1) for x in (x1, x2))
+        own = torch.arange(16)
+        expected = (F.cross_entropy(q1 @ k2.T / model.tau, own) + F.cross_entropy(q2 @ k1.T / model.tau, own)) / 2
+    torch.testing.assert_close(out.loss.detach(), expected, rtol=1e-5, atol=1e-5)
+    assert out.correct.shape == (32,)
+    assert model.uniform_loss(32) == pytest.approx(math.log(32))
+    before = [p.clone() for p in model.encoder_k.parameters()]
+    tr.train_epoch()
+    assert tr.step == 3 and all(not p.requires_grad for p in model.encoder_k.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.encoder_k.parameters()))  # the EMA moved it
+    with pytest.raises(ValueError, match="moco.negatives=batch_keys is symmetric already"):
+        build_config("smoke", {"moco.negatives": "batch_keys", "moco.symmetric": True})

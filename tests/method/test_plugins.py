@@ -11,6 +11,7 @@ convnet on synthetic 16-px images.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import shutil
 import sys
@@ -342,7 +343,14 @@ def test_mocolab_train_trains_the_plugin_in_this_process_logs_and_scores_it(tmp_
     assert params["method.name"] == "byol" and params["method.byol.symmetric"] == "False"
     assert params["method.byol.predictor"] == "True" and params["run.num_workers"] == "0"
     assert params["moco.m"] == "0.996" and params["moco.m_schedule"] == "cosine"
-    assert 0.0 <= run.data.metrics["linear_top1"] <= 1.0 and 0.996 <= run.data.metrics["m"] < 1.0
+    metrics = run.data.metrics
+    # one direction of 2 − 2·cos: about 2 for unrelated directions, at most 4 (both directions: about 4)
+    assert 0 < metrics["loss"] == metrics["final_loss"] < 3, metrics
+    # the paper's cosine schedule from 0.996 towards 1, at the last of 3 steps: 1 − 0.004·(cos(2π/3) + 1)/2
+    assert metrics["m"] == pytest.approx(1 - 0.004 * (math.cos(2 * math.pi / 3) + 1) / 2)
+    assert metrics["staleness_max"] == metrics["max_staleness_bound"] == 0  # BYOL stores no negatives
+    for key in ("linear_top1", "knn_top1"):  # scored on the 64 test images asked for (eval.*_test)
+        assert 0 <= metrics[key] <= 1 and (metrics[key] * 64) == round(metrics[key] * 64), (key, metrics[key])
     # the run's config.yaml is a --config the same plugin run reads back
     from mocolab.config import build_config, config_file_overrides
 

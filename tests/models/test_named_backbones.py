@@ -20,9 +20,14 @@ from mocolab.models import backbones, named
 from mocolab.models.backbones import build_encoder
 from mocolab.models.named import build_named
 
-pytest.importorskip("timm")  # the `timm` extra; `make test` installs it (dev)
-
 SYNTHETIC = {"data.name": "synthetic", "data.subset": None}
+
+
+@pytest.fixture
+def timm():
+    """timm, for the tests that build its models: the `timm` extra, which `make test` installs (dev). Where it is
+    missing those tests skip, and fail under CI=true (tests/conftest.py); the torchvision ones run all the same."""
+    return pytest.importorskip("timm")
 
 
 def _stride(conv: nn.Conv2d) -> tuple[int, int]:
@@ -55,13 +60,15 @@ def _first_stage_input(name: str, net: nn.Module) -> tuple:
 
 
 @pytest.mark.parametrize("name, channels, side, width", SMALL)
-def test_small_images_get_their_family_s_stem_and_the_model_s_feature_width(name, channels, side, width):
+def test_small_images_get_their_family_s_stem_and_the_model_s_feature_width(name, channels, side, width, request):
+    if name.startswith("timm:"):
+        request.getfixturevalue("timm")
     torch.manual_seed(0)
     backbone = build_named(name, channels, side)
     assert backbone.out_dim == width
     stem = _first_stage_input(name, backbone.net)
     if "vit" in name:
-        assert stem == (4, 4) if side <= 32 else (8, 8)  # vision_transformer.default_patch_size
+        assert stem == ((4, 4) if side <= 32 else (8, 8))  # vision_transformer.default_patch_size
     else:
         assert stem == ((1, 1), (3, 3))  # a 3×3 stride-1 stem in place of the 7×7/2 (+ max-pool) or 4×4/4
     first = next(m for m in backbone.modules() if isinstance(m, nn.Conv2d))  # what the training monitor reads
@@ -71,7 +78,7 @@ def test_small_images_get_their_family_s_stem_and_the_model_s_feature_width(name
         assert backbone(torch.rand(2, channels, side, side)).shape == (2, width)
 
 
-def test_the_encoder_around_a_named_backbone_splits_its_batch_norm_and_trains_under_bf16():
+def test_the_encoder_around_a_named_backbone_splits_its_batch_norm_and_trains_under_bf16(timm):
     torch.manual_seed(0)
     enc = build_encoder("timm:resnet18", 1, head="mlp", dim=16, bn_groups=2, image_size=28)
     assert enc.head[0].in_features == enc.backbone.out_dim == 512
@@ -89,9 +96,7 @@ def test_the_encoder_around_a_named_backbone_splits_its_batch_norm_and_trains_un
     assert convnext(torch.rand(4, 1, 28, 28)).shape == (4, 16)
 
 
-def test_unknown_names_are_refused_at_validation_with_the_closest_ones_before_any_work(tmp_path, monkeypatch):
-    import timm
-
+def test_unknown_names_are_refused_at_validation_with_the_closest_ones_before_any_work(tmp_path, monkeypatch, timm):
     import mocolab
 
     def no_model(*args, **kwargs):
@@ -113,7 +118,7 @@ def test_unknown_names_are_refused_at_validation_with_the_closest_ones_before_an
     assert build_config("smoke", {"model.backbone": "resnet18"}).model.backbone == "resnet18"
 
 
-def test_families_without_a_small_image_adaptation_are_refused_on_small_images_only():
+def test_families_without_a_small_image_adaptation_are_refused_on_small_images_only(timm):
     with pytest.raises(ValueError, match=r"model.backbone: 'timm:mobilenetv3_small_050' \(timm.models.mobilenetv3\) "
                                          r"has no small-image adaptation, and the images are 28 px"):
         build_config("smoke", {"model.backbone": "timm:mobilenetv3_small_050"})
@@ -127,9 +132,7 @@ def test_families_without_a_small_image_adaptation_are_refused_on_small_images_o
     assert cfg.image_size == 128  # above 96 px any model is taken as its library builds it
 
 
-def test_large_images_take_any_model_and_timm_s_batchnorm_act_unfolds_unchanged():
-    import timm
-
+def test_large_images_take_any_model_and_timm_s_batchnorm_act_unfolds_unchanged(timm):
     torch.manual_seed(0)
     raw = timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=0, in_chans=1).eval()
     torch.manual_seed(0)
@@ -168,7 +171,7 @@ def _image_folder(root: Path, n: int, side: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
-def test_mocolab_train_trains_timm_and_torchvision_resnet18_on_fashion_mnist_and_a_64_px_folder(tmp_path):
+def test_mocolab_train_trains_timm_and_torchvision_resnet18_on_fashion_mnist_and_a_64_px_folder(tmp_path, timm):
     """Issue 52's done-when for backbones, as a user types it: `mocolab train --preset smoke --set
     model.backbone=timm:resnet18` (and tv:resnet18), two steps each. On Fashion-MNIST (1×28×28) the whole path:
     Ray Train in this process, MLflow, the encoder exported as a model; on a 64-px folder (3×64×64, the

@@ -117,7 +117,8 @@ def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_cl
     assert "mixed: these runs are not comparable" in text  # one trial in fp32 among bf16 ones
     # kNN 77 to 77.5 against random-init's 74: 3 to 3.5 points, under the bar of 5; linear 4 points over pixels
     plain = text.split("### Is learning plain at this budget?\n\n")[1].splitlines()[0]
-    assert plain.startswith("- *Learning is plain at this budget* (the bar: `0.99` beats the random-init")
+    assert plain.startswith("- *Learning is plain at this budget* (`cpu-quick`'s one bar, read from "
+                            "`momentum-cpu-quick`'s `0.99` for every study at this budget: it beats the random-init")
     assert "**not met**: this study's verdicts are provisional (so far: 3 of 5 planned seeds finished) — 0 of 3 " \
            "seeds; kNN margin over random-init +3.00 to +3.52" in plain
     assert "linear margin over raw pixels +4.00 to +4.52 points" in plain
@@ -126,6 +127,9 @@ def test_a_sweep_and_its_baselines_export_to_csv_and_the_document_states_each_cl
     new = replace_headline(readme, out.headline)
     assert new.startswith(f"intro\n{HEADLINE_BEGIN}\n**Momentum of the key encoder, cpu-quick budget** "
                           f"(`momentum-cpu-quick`")
+    # one table and one line per claim, then the way to the rest (README's first screen holds no more)
+    assert out.headline.count("| m | seeds |") == 1 and "![" not in out.headline
+    assert out.headline.endswith("Every study, seed, rule and figure: [docs/REPRODUCTION.md](docs/REPRODUCTION.md).")
     assert new.endswith(f"{HEADLINE_END}\nrest\n")
     with pytest.raises(ValueError, match="no <!-- repro:headline"):
         replace_headline("no markers", out.headline)
@@ -173,7 +177,11 @@ def test_the_committed_document_and_readme_table_regenerate_from_the_committed_c
 
 @pytest.fixture(scope="module")
 def committed_store(tmp_path_factory) -> str:
-    """A copy of the committed store's URI (a copy: MLflow may touch a store it opens)."""
+    """A copy of the committed store's URI (a copy: MLflow may touch a store it opens), expanded from its
+    packed form where that is newer."""
+    from mocolab.repro.store_file import unpack
+
+    unpack(REPO / "results" / "runs.db")
     copy = tmp_path_factory.mktemp("store") / "runs.db"
     shutil.copy(REPO / "results" / "runs.db", copy)
     return f"sqlite:///{copy}"

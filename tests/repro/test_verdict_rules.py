@@ -82,6 +82,42 @@ def test_each_kind_of_claim_comes_out_as_its_rule_says(kind, delta, sd, n, verdi
     assert j.family_size == 1 and j.detectable > 0
 
 
+@pytest.mark.parametrize("delta, sd, verdict", [
+    (0.005, 0.001, REPRODUCED),  # above b, but by half the margin: no better than its start within the margin
+    (0.0095, 0.002, INCONCLUSIVE),  # surely above b, not surely below the margin, nor above it
+    (0.015, 0.001, REVERSED),  # surely above the margin, and below twice the margin
+])
+def test_a_training_fails_claim_is_judged_against_its_margin_on_both_sides(delta, sd, verdict):
+    """"a is no better than b" is reproduced when a − b is shown below the margin (not below 0) and reversed
+    when it is shown above the margin (not above 0): each side of the rule reads the margin itself."""
+    c = _comparison(delta, sd)
+    (j,) = judge([c], FAILS, 0.01)
+    assert (j.verdict, j.kind, j.margin) == (verdict, FAILS, 0.01), (c.diff, j.p_equivalence)
+    assert j.p_equivalence == pytest.approx(beyond_p(c.diff, 0.01, above=False))  # H0: a − b ≥ the margin
+    assert beyond_p(c.diff, 0.0, above=True) < 0.05  # above b in every case: a margin of 0 would read "learned"
+
+
+def _holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment, written out: the k-th smallest p times (m − k + 1), never below the one
+    before it."""
+    order = sorted(range(len(ps)), key=ps.__getitem__)
+    out, running = [0.0] * len(ps), 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - k) * ps[i]))
+        out[i] = running
+    return out
+
+
+def test_a_claim_s_equivalence_tests_are_one_holm_family_too():
+    """Three alike comparisons, each equivalent on its own at 5 %: corrected together, two of them are not."""
+    comps = [_comparison(0.002, 0.006, row=r) for r in range(3)]
+    raw = [equivalence_p(c.diff, 0.01) for c in comps]
+    assert all(p < 0.05 for p in raw) and all(judge([c], EQUAL, 0.01)[0].verdict == REPRODUCED for c in comps)
+    family = judge(comps, EQUAL, 0.01)
+    assert [j.p_equivalence for j in family] == pytest.approx(_holm(raw))
+    assert [j.verdict for j in family] == [REPRODUCED, INCONCLUSIVE, INCONCLUSIVE]
+
+
 def test_a_family_is_corrected_together_and_an_untestable_or_unrun_comparison_stays_out_of_it():
     comps = [_comparison(0.004, 0.003, row=0), _comparison(0.004, 0.003, row=1), _comparison(0.0, 0.0, n=1),
              _comparison(0.02, 0.002, row=2)]
@@ -91,10 +127,19 @@ def test_a_family_is_corrected_together_and_an_untestable_or_unrun_comparison_st
     assert family[0].comparison.p_holm >= alone.comparison.p_holm
     assert family[0].detectable > alone.detectable  # the stricter level of a larger family
     assert family[2].verdict == NOT_YET and family[3].verdict == NOT_TESTABLE
+    # the detectable effect: at the family's level for its members, at the plain level for the others
+    d = [c.diff.std for c in comps]
+    assert family[0].detectable == pytest.approx(detectable(d[0], 5, 0.05 / 2, 0.8))
+    assert family[3].detectable == pytest.approx(detectable(d[3], 5, 0.05, 0.8))
+    assert judge(comps[:1], GREATER, 0.01, power=0.9)[0].detectable == pytest.approx(detectable(d[0], 5, 0.05, 0.9))
+    (two,) = judge([_comparison(0.02, 0.002, n=2)], GREATER, 0.01)  # two seeds are a paired test already
+    assert two.family_size == 1 and two.verdict != NOT_YET
     with pytest.raises(ValueError, match="margin"):
         judge(comps, GREATER, 0.0)
     with pytest.raises(ValueError, match="kind"):
         judge(comps, "bigger", 0.01)
+    with pytest.raises(ValueError, match="^testable: one flag per comparison$"):
+        judge(comps, GREATER, 0.01, testable=[True])
 
 
 def _rows(name: str, arms: dict[str, dict[int, float]], pretext: float = 0.3) -> pd.DataFrame:
@@ -173,7 +218,8 @@ def test_a_momentum_claim_not_testable_at_one_budget_points_to_the_study_whose_b
         "**not testable at this budget**. At 3,638 steps (`momentum-long-cpu-full`): `0.999` > `0.99`: **reversed**.",
         "- *m = 0.999 is better than 0.99* (linear top-1, margin 1 point, one Holm family of 1): `0.999` > `0.99`: "
         "**reversed**."]
-    assert lines[0] in doc.headline and lines[1] in doc.headline  # README's headline tables say it too
+    # README's headline: one line per claim, the ablation's, which points to the budget that tested it
+    assert lines[0] in doc.headline and lines[1] not in doc.headline
 
 
 def _symmetric_results(tmp_path, inbatch_device: str = "x"):
@@ -218,6 +264,30 @@ def test_a_borrowed_arm_made_on_another_kind_of_machine_is_left_out_and_the_sect
     assert "| in batch |" not in section and "mixed" not in section
     second = next(x for x in section.splitlines() if x.startswith("- *Control (no paper claim): what remains"))
     assert "**alike" not in second and "**different" not in second
+
+
+def test_a_borrowed_run_counts_only_on_the_machine_of_its_own_seed_not_on_any_of_the_study_s(tmp_path):
+    """The control's own arm: seed 0 on `x`, seeds 1 to 4 on `y`. A borrowed run of seed 0 made on `y` is left out
+    although `y` made some of this study's runs: seed 0 here was trained on `x`."""
+    sym, full, inb = study("symmetric-cpu-full"), study("momentum-cpu-full"), study("inbatch-cpu-full")
+    results = tmp_path / "results"
+    results.mkdir()
+    own = _rows(sym.name, {"queue fifo symmetric m=0.999": _seeded(0.030, 0.0004, 0)})
+    own.loc[(own["arm"] == "queue fifo symmetric m=0.999") & (own["seed"] > 0), "device"] = "y"
+    own.to_csv(results / f"{sym.name}.csv", index=False)
+    _rows(full.name, {"0.999": _seeded(0.030, 0.0004, 1)}).assign(queue_size=16384, ema_half_life=693.0).to_csv(
+        results / f"{full.name}.csv", index=False)  # every seed on `x`: only seed 0's counts
+    _rows(inb.name, {"in batch": _seeded(0.0, 0.001, 2)}).assign(device="y").to_csv(
+        results / f"{inb.name}.csv", index=False)  # every seed on `y`: all but seed 0's count
+    doc = write(results, tmp_path / "REPRODUCTION.md", tmp_path / "figures").markdown
+    section = doc[doc.index(f"## {sym.title}"):]
+    lines = [x for x in section[:section.index("\n## ")].splitlines() if x.startswith(("- `in batch`: ",
+                                                                                       "- `queue fifo m=0.999`: "))]
+    assert [x.split(" left out")[0] for x in lines] == [
+        "- `queue fifo m=0.999`: 1 run(s) read from `momentum-cpu-full`'s `0.999`, described with this study's own "
+        "above; 4 run(s) made on `x`",
+        "- `in batch`: 4 run(s) read from `inbatch-cpu-full`, described with this study's own above; 1 run(s) made "
+        "on `y`"], lines
 
 
 def test_the_supervised_bound_is_the_top_of_the_scale_of_the_sections_at_its_budget_only(tmp_path):

@@ -30,10 +30,16 @@ LAZY: dict[str, set[str]] = {
                         "mocolab.tune.study", "mocolab.repro.baseline_runs"},
     "evaluation/transfer.py": {"torch", "mocolab.data.splits", "mocolab.data.sources", "mocolab.evaluation.scoring",
                                "mocolab.evaluation.knn", "mocolab.evaluation.probe", "mocolab.config.hardware",
-                               "mocolab.tracking"},
+                               "mocolab.tracking", "mocolab.evaluation.precision"},
     "repro/run.py": {"torch", "mocolab.config.hardware", "mocolab.repro.baseline_runs", "mocolab.tracking",
-                     "mocolab.repro.document", "mocolab.repro.export", "mocolab.repro.status"},
-    "tune/study.py": {"mocolab.tune.sweep", "mocolab.tune.lost", "mocolab.tracking.logged_models",
+                     "mocolab.repro.document", "mocolab.repro.export", "mocolab.repro.status",
+                     "mocolab.repro.preregistration"},
+    # the plan's tag names the tracking layer's environment variable; repro's plan stays free of MLflow
+    "repro/preregistration.py": {"mocolab.tracking.source"},
+    # t-SNE's libraries load where a map is made (mocolab report), never in a trainer; umap only where installed
+    "analysis/feature_maps.py": {"torch", "sklearn.manifold", "threadpoolctl", "umap"},
+    "tune/study.py": {"mocolab.tracking.chart_view", "mocolab.tune.sweep", "mocolab.tune.lost",
+                      "mocolab.tracking.logged_models",
                       "mocolab.analysis.report", "mocolab.tracking"},
     "tune/grid.py": {"mocolab.analysis"},
     # a study answers --help and refuses its flags before pandas, matplotlib and MLflow draw its report
@@ -57,7 +63,8 @@ LAZY: dict[str, set[str]] = {
     "training/shipping.py": {"ray", "ray.util.scheduling_strategies",
                           "importlib", "importlib.metadata", "socket", "sys"},  # the probe runs on each node
     "training/stream.py": {"ray.data"},
-    "training/worker.py": {"ray", "mocolab.analysis"},  # matplotlib: rank 0 draws one plot, at the end
+    # matplotlib: rank 0 draws one plot, and logs its feature map's features, at the end
+    "training/worker.py": {"ray", "mocolab.analysis", "mocolab.analysis.feature_maps"},
     "tune/search.py": {"ray", "ray.tune.search.optuna", "ray.tune.schedulers"},
     # matplotlib: a trial's process imports this module, and draws nothing
     "tune/sweep.py": {"mocolab.analysis.report"},
@@ -71,7 +78,8 @@ LAZY: dict[str, set[str]] = {
     # MLflow for a run id or models:/ URI; an export folder needs none
     "evaluation/encoders.py": {"mocolab.tracking.fetch"},
     "tracking/logged_models.py": {"mlflow.pytorch"},  # the flavour, where a model is logged or loaded
-    "tracking/system.py": {"mlflow.system_metrics.system_metrics_monitor"},  # optional: a failure turns it off
+    "tracking/system.py": {"mlflow.system_metrics.system_metrics_monitor",  # optional: a failure turns it off
+                           "mlflow.system_metrics.metrics.gpu_monitor", "pynvml"},  # ... and NVML where a GPU is
 }
 
 

@@ -24,11 +24,47 @@ def _dry_run(target: str, stub: Path) -> list[str]:
     return [line for line in res.stdout.splitlines() if line.startswith(f"{stub} -m pytest")]
 
 
-def _marked(path: Path, marker: str) -> set[str]:
-    """The test functions of ``path`` decorated with ``pytest.mark.<marker>``."""
-    tree = ast.parse(path.read_text())
-    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test")
-            and any(ast.unparse(d).startswith(f"pytest.mark.{marker}") for d in node.decorator_list)}
+def _marks(nodes: list[ast.expr], marker: str) -> bool:
+    """Whether decorators, or a ``pytestmark`` value (one mark or a list of them), hold ``pytest.mark.<marker>``."""
+    found = [m for n in nodes for m in (n.elts if isinstance(n, (ast.List, ast.Tuple)) else [n])]
+    return any(ast.unparse(m).startswith(f"pytest.mark.{marker}") for m in found)
+
+
+def _pytestmark(body: list[ast.stmt]) -> list[ast.expr]:
+    return [node.value for node in body if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)]
+
+
+def _marked(source: str, marker: str) -> set[str]:
+    """The tests of a module's ``source`` that carry ``pytest.mark.<marker>`` as pytest reads them: from their
+    decorators, their class's decorators or ``pytestmark``, or the module's ``pytestmark`` (``Class::test``
+    for a method)."""
+    tree = ast.parse(source)
+    everywhere = _marks(_pytestmark(tree.body), marker)
+    out = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            if everywhere or _marks(node.decorator_list, marker):
+                out.add(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            whole = everywhere or _marks([*node.decorator_list, *_pytestmark(node.body)], marker)
+            out |= {f"{node.name}::{m.name}" for m in node.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test")
+                    and (whole or _marks(m.decorator_list, marker))}
+    return out
+
+
+def test_the_marker_check_reads_a_module_s_pytestmark_and_test_classes():
+    module = ("import pytest\n\npytestmark = [pytest.mark.slow, pytest.mark.cluster]\n\n\n"
+              "def test_plain():\n    pass\n\n\nclass TestNodes:\n    def test_lost(self):\n        pass\n")
+    assert _marked(module, "cluster") == _marked(module, "slow") == {"test_plain", "TestNodes::test_lost"}
+    classes = ("import pytest\n\n\n@pytest.mark.cluster\nclass TestA:\n    def test_a(self):\n        pass\n\n\n"
+               "class TestB:\n    pytestmark = pytest.mark.cluster\n\n    def test_b(self):\n        pass\n\n\n"
+               "class TestC:\n    @pytest.mark.cluster\n    def test_c(self):\n        pass\n\n"
+               "    def test_unmarked(self):\n        pass\n\n\n"
+               "@pytest.mark.cluster\ndef test_d():\n    pass\n\n\ndef test_e():\n    pass\n")
+    assert _marked(classes, "cluster") == {"TestA::test_a", "TestB::test_b", "TestC::test_c", "test_d"}
+    assert _marked(classes, "slow") == set()
 
 
 def test_make_test_leaves_the_clusters_to_make_test_cluster_and_ci_runs_them_in_every_case(tmp_path):
@@ -40,9 +76,9 @@ def test_make_test_leaves_the_clusters_to_make_test_cluster_and_ci_runs_them_in_
     [clusters] = _dry_run("test-cluster", stub)
     assert '-m "not cluster"' in suite and "-m cluster" in clusters and " -n 0 " in clusters, (suite, clusters)
     for path in sorted((REPO / "tests").rglob("test_*.py")):
-        marked = _marked(path, "cluster")
+        marked = _marked(path.read_text(), "cluster")
         if path.parent.name == "cluster":
-            assert marked and marked == _marked(path, "slow"), (path.name, marked)
+            assert marked and marked == _marked(path.read_text(), "slow"), (path.name, marked)
         else:
             assert not marked, (path.name, marked)
 

@@ -1,5 +1,5 @@
-"""The suite's own rules, checked on a throwaway test file run with this conftest: under CI=true a skip is a
-failure that says what was missing; elsewhere it stays a skip with its reason."""
+"""The suite's own rules, checked on a throwaway test file run with this conftest: under CI=true a skip (at run
+time or at collection) is a failure that says what was missing; elsewhere it stays a skip with its reason."""
 
 from __future__ import annotations
 
@@ -36,6 +36,25 @@ def test_a_skip_fails_under_ci_and_stays_a_skip_elsewhere(pytester, monkeypatch,
                                      "*CI=true: skipping is not allowed here*moto_server is not installed*"])
     else:
         result.assert_outcomes(passed=1, skipped=2)
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_a_module_skipped_at_collection_fails_under_ci_beside_tests_that_pass(pytester, monkeypatch, ci):
+    """A module-level ``importorskip`` of a package that is missing takes every test of its module out of the
+    run before any of them is an item: under CI=true the run must end in failure, not green with the rest."""
+    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    pytester.makepyfile(test_needs_it='import pytest\n\npytest.importorskip("mocolab_no_such_package")\n\n\n'
+                                      'def test_hidden():\n    pass\n',
+                        test_other="def test_runs():\n    assert True\n")
+    monkeypatch.setenv("CI", ci)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    if ci:
+        assert result.ret != 0
+        result.assert_outcomes(errors=1)  # a collection error: pytest stops the run before any test
+        result.stdout.fnmatch_lines(["*CI=true: skipping is not allowed here*mocolab_no_such_package*"])
+    else:
+        assert result.ret == 0
+        result.assert_outcomes(passed=1, skipped=1)
 
 
 GROUPED = '''

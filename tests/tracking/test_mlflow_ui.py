@@ -11,7 +11,8 @@ What it holds MLflow 3.17 to (checked by hand in its built UI, mlflow/server/js/
 - README's clicks: "Model training", Experiments, the experiment, [+] on the sweep's parent run, Columns
   (linear_top1, moco.m), tick the child runs, Compare, "Scatter Plot", X-axis moco.m, Y-axis linear_top1.
 
-Screenshots go to tests/artifacts/ (gitignored): mlflow-runs.png, mlflow-compare.png, mlflow-linear-vs-m.png.
+Screenshots go to tests/artifacts/ (gitignored): mlflow-runs.png, mlflow-compare.png, mlflow-linear-vs-m.png,
+mlflow-view.png and feature-maps.png (the study report's; `make screenshots` copies the last two to docs/images/).
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def sweep(tmp_path_factory):
     assert all(r.info.status == "FINISHED" and "linear_top1" in r.data.metrics for r in children)
     # the addresses the study prints for the UI (README tells users to open them)
     printed = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in res.stdout.splitlines()
-               if line.startswith(("  runs:", "  compare:"))}
-    assert set(printed) == {"runs", "compare"}, res.stdout[-2000:]
+               if line.startswith(("  runs:", "  compare:", "  view:"))}
+    assert set(printed) == {"runs", "compare", "view"}, res.stdout[-2000:]
+    report = next(tmp.glob("sweeps/*/report"))
     return {"db": tmp / "mlflow.db", "folder": tmp, "experiment_id": exp.experiment_id,
-            "parent": parents[0], "children": children, "printed": printed}
+            "parent": parents[0], "children": children, "printed": printed, "report": report}
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +248,49 @@ def test_a_new_user_finds_the_runs_and_plots_linear_top1_against_m(sweep, ui):
             browser.close()
     print(f"browser: {time.time() - t0:.1f} s; console errors / failed requests: {len(console)}")
     assert not page_errors, page_errors
+
+
+def test_the_printed_view_opens_on_linear_top1_against_m_drawn(sweep, ui):
+    """The study's ``view:`` link (tracking/chart_view.py) in a fresh browser: the drawn chart's own axis titles
+    (plotly's .xtitle / .ytitle elements) are moco.m and linear_top1, its points the child runs'; and each run
+    logged its best_* / final_* keys and the features its map is made from."""
+    from playwright.sync_api import sync_playwright
+
+    children = sweep["children"]
+    client = MlflowClient(f"sqlite:///{sweep['db']}")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for run in children:
+        assert {"best_knn_top1", "final_knn_top1"} <= set(run.data.metrics), sorted(run.data.metrics)
+        assert "feature_map/features.npz" in {a.path for a in client.list_artifacts(run.info.run_id, "feature_map")}
+    # the study's report drew one map per arm from those features
+    assert (sweep["report"] / "feature_maps.png").exists()
+    shutil.copyfile(sweep["report"] / "feature_maps.png", ARTIFACTS / "feature-maps.png")
+    link = sweep["printed"]["view"].replace("http://127.0.0.1:5000", ui)
+    assert "viewStateShareKey=" in link and "compareRunsMode=CHART" in link
+    assert link in client.get_run(sweep["parent"].info.run_id).data.tags["mlflow.note.content"].replace(
+        "http://127.0.0.1:5000", ui)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        page.set_default_timeout(60_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            page.goto(link)
+            page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')].some(g =>
+                g.querySelector('.xtitle')?.textContent === 'moco.m'
+                && g.querySelector('.ytitle')?.textContent === 'linear_top1')""")
+            plot = page.evaluate("""() => { const g = [...document.querySelectorAll('.js-plotly-plot')].find(g =>
+                g.querySelector('.xtitle')?.textContent === 'moco.m');
+                return g.data.map(t => [t.x, t.y]); }""")
+            _close_assistant(page)
+            page.screenshot(path=str(ARTIFACTS / "mlflow-view.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    points = sorted((float(x), float(y)) for xs, ys in plot for x, y in zip(xs, ys))
+    expected = sorted((float(r.data.params["moco.m"]), r.data.metrics["linear_top1"]) for r in children)
+    assert [v for pt in points for v in pt] == pytest.approx([v for pt in expected for v in pt]), plot
+    assert not errors, errors

@@ -33,6 +33,10 @@ def test_run_logged_over_http_to_a_real_server(tmp_path, mlflow_server):
     run = client.get_run(out.mlflow_run_id)
     assert run.info.status == "FINISHED" and run.data.tags["mocolab.status"] == "finished"
     assert run.data.metrics["linear_top1"] == pytest.approx(out.linear_top1)
+    # the final evaluation's low-label probes and k = 20 kNN, beside the full probe (evaluation/low_label.py)
+    assert {"linear_top1_1pct", "linear_top1_10pct", "knn20_top1"} <= set(run.data.metrics)
+    assert all(0.0 <= run.data.metrics[k] <= 1.0 for k in ("linear_top1_1pct", "linear_top1_10pct", "knn20_top1"))
+    assert run.data.tags["mocolab.low_label_draws"].count("draws") == 2  # each fraction's three draws
     assert sorted(m.step for m in client.get_metric_history(out.mlflow_run_id, "loss")) == [8, 10]
     assert run.info.run_name == "over-http" and "run.name" not in run.data.params  # a trial's name is no axis
     assert (tmp_path / "artifacts").exists()  # the config artifact went through the server

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import thread_share_env
 
-from mocolab.config.code_fingerprint import ENTRY, CodeFingerprint, _closure, _code_digest, code_fingerprint
+from mocolab.config.code_fingerprint import (ENTRY, UNKNOWN, CodeFingerprint, _closure, _code_digest, _source, _version,
+                                             code_fingerprint)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--preset", "smoke", "--set", "data.name=synthetic", "--set", "data.subset=512", "--set",
@@ -48,6 +49,10 @@ def test_the_training_path_is_the_worker_s_import_closure():
     assert len(fp.digest) == 16 and set(fp.versions) >= {"python", "torch", "kornia"}
     changed = CodeFingerprint("x", {**fp.modules, "mocolab.method.losses": "0"}, {**fp.versions, "torch": "9"})
     assert fp.differences(changed) == ["mocolab.method.losses: changed", f"torch 9 -> {fp.versions['torch']}"]
+    fewer = CodeFingerprint("y", {m: d for m, d in fp.modules.items() if m != "mocolab.method.losses"}, {})
+    assert fp.differences(fewer) == ["mocolab.method.losses: added",
+                                     *(f"{p} ? -> {v}" for p, v in sorted(fp.versions.items()))]
+    assert fp.differences(CodeFingerprint("z", {**fp.modules, "tplug.x": "1"}, fp.versions)) == ["tplug.x: gone"]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -195,13 +200,119 @@ def test_a_sweep_reruns_a_trial_whose_run_other_code_made_and_keeps_one_made_bef
     assert table.loc["m=0.99", "code"] == "unknown" and table.loc["m=0.9", "code"] == "aaaa"
 
 
+def test_a_fingerprint_reads_back_from_its_record_and_follows_a_plugin_s_own_package(tmp_path, monkeypatch):
+    """What a manifest keeps is the fingerprint itself; a record without one is code unknown; a package that is
+    not installed is "absent"; a module from outside mocolab brings the modules of its own package it imports
+    (relatively or not), besides the training path, and a name that is no module's file brings nothing."""
+    fp = code_fingerprint()
+    assert CodeFingerprint.from_dict(json.loads(json.dumps(fp.to_dict()))) == fp
+    assert CodeFingerprint.from_dict(None) == CodeFingerprint.from_dict({}) == CodeFingerprint(UNKNOWN)
+    assert CodeFingerprint.from_dict({"digest": "ab"}) == CodeFingerprint("ab", {}, {})
+    assert _version("mocolab-no-such-package") == "absent" and _version("torch") == torch_version()
+    pkg = tmp_path / "tplug_fp"
+    (pkg / "sub").mkdir(parents=True)
+    files = {"__init__.py": "", "method.py": PLUGIN_METHOD, "sub/__init__.py": "from . import leaf\n",
+             "sub/leaf.py": "from .. import helper\n", "helper.py": "def f():\n    return 1\n"}
+    files.update({f"{name}.py": "" for name in ("fast", "slow", "more", "last", "other", "typing_only")})
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    closure = _closure([ENTRY, "tplug_fp.method"])
+    mine = {n: p for n, p in closure.items() if n.startswith("tplug_fp")}
+    assert mine == {f"tplug_fp.{name[:-3].replace('/', '.')}".removesuffix(".__init__"): pkg / name
+                    for name in files if name != "typing_only.py"} | {"tplug_fp": pkg / "__init__.py"}, sorted(mine)
+    assert ENTRY in closure and closure["mocolab.config"] == (REPO / "platform" / "mocolab" / "config" /
+                                                             "__init__.py").resolve()
+    for nothing in ("mocolab.no_such_module", "builtins", "tplug_no_such_package.x", "mocolab.config.Config"):
+        assert _source(nothing) is None, nothing
+
+
+# a plugin's module: imports at module level in every form _closure follows, and one for type checkers only
+PLUGIN_METHOD = """from typing import TYPE_CHECKING
+
+from . import helper
+from tplug_fp.sub import leaf
+try:
+    from . import fast
+except ImportError:
+    from . import slow
+else:
+    from . import more
+finally:
+    from . import last
+if helper:
+    pass
+else:
+    from . import other
+if TYPE_CHECKING:
+    from . import typing_only
+"""
+
+
+def torch_version() -> str:
+    from importlib.metadata import version
+
+    return version("torch")
+
+
+def test_a_step_package_of_another_version_is_other_code(tmp_path):
+    """The same modules computed with another kornia are another fingerprint: a process that finds kornia 0.0.1
+    first on its path (its distribution's metadata, as pip leaves it) takes a digest of its own."""
+    meta = tmp_path / "site" / "kornia-0.0.1.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: kornia\nVersion: 0.0.1\n")
+    code = ("import json; from mocolab.config.code_fingerprint import code_fingerprint as f; "
+            "print(json.dumps(f().to_dict()))")
+    path = os.pathsep.join([str(tmp_path / "site"), str(REPO / "platform")])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert out.returncode == 0, out.stderr[-3000:]
+    there, here = CodeFingerprint.from_dict(json.loads(out.stdout)), code_fingerprint()
+    assert there.versions["kornia"] == "0.0.1" != here.versions["kornia"] and there.modules == here.modules
+    assert there.digest != here.digest and here.differences(there) == [f"kornia 0.0.1 -> {here.versions['kornia']}"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_continues_across_a_change_the_committed_list_declares_neutral(tmp_path):
+    """The path `mocolab repro` takes (--neutral-code-changes): a run interrupted under code A continues under
+    code B only where (A, B) is declared neutral, its segments recorded; any other change is refused. Code A
+    here is the manifest's fingerprint set to another digest, the run's own checkpoint kept."""
+    from mocolab.config import build_config
+    from mocolab.training.code_check import CodeChanged
+    from mocolab.training.launch import fit
+
+    cfg = build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "optim.batch_size": 32,
+                                 "queue.size": 64, "optim.max_steps": 4, "eval.knn_bank": 64, "eval.knn_test": 50,
+                                 "eval.linear_train": 64, "eval.linear_steps": 3, "run.log_models": False,
+                                 "run.system_metrics_s": 0, "run.fault_step": 3, "run.max_failures": 0,
+                                 "run.checkpoint_every": 1, "run.output_dir": str(tmp_path / "runs"),
+                                 "run.name": "neutral", "run.num_workers": 0})
+    with pytest.raises(Exception, match="injected fault"):
+        fit(cfg, log_to_mlflow=False, progress=lambda _m: None)
+    path = tmp_path / "runs" / "neutral" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    now = manifest["code"]["digest"]
+    before = "0123456789abcdef"
+    path.write_text(json.dumps({**manifest, "code": {**manifest["code"], "digest": before}}))
+    with pytest.raises(CodeChanged, match=f"was started by code {before[:8]}"):
+        fit(cfg, log_to_mlflow=False, progress=lambda _m: None, neutral_changes=frozenset({(before, "f" * 16)}))
+    said: list[str] = []
+    out = fit(cfg, log_to_mlflow=False, progress=said.append, neutral_changes=frozenset({(before, now)}))
+    assert out.status == "finished" and out.steps == 4
+    assert any(f"continuing under this checkout's code {now[:8]}" in line and "a change declared neutral" in line
+               for line in said), said
+    assert json.loads(path.read_text())["segments"] == [{"code": before, "from_step": 0},
+                                                         {"code": now, "from_step": 2}]
+
+
 def test_a_neutral_change_is_declared_with_its_reason(tmp_path):
     from mocolab.config.code_fingerprint import neutral_changes
 
     good = tmp_path / "neutral.json"
     good.write_text(json.dumps([{"from": "a" * 16, "to": "b" * 16, "reason": "a package move, no change of code"}]))
     assert neutral_changes(good) == {("a" * 16, "b" * 16)}
-    assert neutral_changes(REPO / "results" / "neutral_code_changes.json") is not None  # the committed list reads
+    committed = neutral_changes(REPO / "results" / "neutral_code_changes.json")  # the committed list reads
+    assert isinstance(committed, frozenset) and all(len(a) == len(b) == 16 for a, b in committed), committed
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"from": "a" * 16, "to": "b" * 16}]))
     with pytest.raises(ValueError, match="entry 0 needs 'from' and 'to' .* and a 'reason'"):

@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 from mocolab.method import rng
 from mocolab.config import build_config
 from mocolab.data.sets import _synthetic, load_dataset
+from mocolab.data.canvas import StoreLayout, stored_sizes
 from mocolab.data.image_index import build_index, write_imagefolder, write_parquet
 from mocolab.data.sources import MemorySource, choose_loader
 from mocolab.training import fit
@@ -70,6 +71,43 @@ def test_streamed_batches_are_the_in_memory_batches(tmp_path, ray_session, name)
     assert stream.describe_eval("train", 100) == "a fixed random 100 of 300"
 
 
+@pytest.mark.slow  # Ray Data's streaming executor
+def test_images_of_every_shape_are_the_same_canvases_streamed_and_in_memory(tmp_path, ray_session):
+    """Whole images on canvases (data/canvas.py): wide, tall, beyond the cap and square, both loaders alike,
+    each image's stored size in its header; evaluation reads the same centre crops."""
+    from PIL import Image
+
+    shapes = [(40, 70), (70, 40), (20, 200), (50, 50)]  # (h, w): wide, tall, a panorama past the cap, square
+    g = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for k in range(12):
+            h, w = shapes[k % 4]
+            folder = tmp_path / split / f"c{k % 3}"
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8).numpy()
+            Image.fromarray(pixels).save(folder / f"{k:02d}.png")
+    stream, memory = _sources("imagefolder", tmp_path, 24)
+    layout = StoreLayout.derived(24)  # short side 27, cap 54
+    assert stream.layout == layout and memory.image_size == stream.image_size == 24
+    gen = lambda: rng.generator("data", 3, epoch=0)  # noqa: E731
+    got, want = list(stream.epoch_indexed(gen(), 4, 0, 1, 0)), list(memory.epoch_indexed(gen(), 4, 0, 1, 0))
+    assert len(got) == len(want) == 3
+    for (g_img, g_pos), (w_img, w_pos) in zip(got, want):
+        assert torch.equal(g_pos, w_pos) and torch.equal(g_img, w_img) and g_img.shape[1:] == (3, 28, 54)
+    images, positions = torch.cat([w[0] for w in want]), torch.cat([w[1] for w in want])
+    files = [int(ref.rsplit("/", 1)[1][:2]) for ref in stream.train.refs]  # the file each position holds
+    h, w, flip = stored_sizes(images)
+    # the tall one transposed; the panorama at short side 27 would be 270 wide: capped at 54, so 5 high
+    expected = {(40, 70): (27, 47, False), (70, 40): (27, 47, True), (20, 200): (5, 54, False),
+                (50, 50): (27, 27, False)}
+    for i, pos in enumerate(positions.tolist()):
+        assert (h[i].item(), w[i].item(), flip[i].item()) == expected[shapes[files[pos] % 4]]
+    assert torch.equal(stream.images_at(positions), images)
+    (s_img, s_lab), = list(stream.eval_split("test", None))
+    (m_img, m_lab), = list(memory.eval_split("test", None))
+    assert s_img.shape == (12, 3, 24, 24) and torch.equal(s_img, m_img) and torch.equal(s_lab, m_lab)
+
+
 def test_a_whole_class_ordered_split_is_read_for_evaluation_in_one_fixed_random_order(tmp_path):
     """The final kNN bank and probe take prefixes of one read of the training split (and the test's): read
     whole, a folder stored class by class would give them its first classes. A prefix of the whole read is
@@ -86,10 +124,10 @@ def test_a_whole_class_ordered_split_is_read_for_evaluation_in_one_fixed_random_
 
 
 def test_auto_picks_the_loader_by_decoded_size():
-    small = choose_loader("imagefolder", "auto", 20_000, 64, 3, 4096)
-    assert small.loader == "memory" and "234 MiB decoded <= data.memory_budget_mb=4,096" in small.reason
+    small = choose_loader("imagefolder", "auto", 20_000, 64, 3, 4096)  # stored whole: canvases of 3x74x146
+    assert small.loader == "memory" and "618 MiB decoded <= data.memory_budget_mb=4,096" in small.reason
     big = choose_loader("imagefolder", "auto", 1_281_167, 224, 3, 4096)
-    assert big.loader == "stream" and "183,918 MiB decoded > data.memory_budget_mb=4,096 -> stream" in big.reason
+    assert big.loader == "stream" and "482,314 MiB decoded > data.memory_budget_mb=4,096 -> stream" in big.reason
     assert choose_loader("fashion-mnist", "auto", 60_000, 28, 1, 1).loader == "memory"
     with pytest.raises(ValueError, match="data.loader: 'stream' reads imagefolder or parquet"):
         choose_loader("cifar10", "stream", 50_000, 32, 3, 4096)
@@ -108,7 +146,7 @@ def test_stream_of_a_set_that_cannot_stream_is_refused_before_work():
 def test_ten_thousand_images_stream_through_two_workers_in_bounded_memory(tmp_path, ray_session):
     n = 10_000
     root = _folder(tmp_path / "big", n=n, size=64, n_test=500)  # the claim is about the training epoch
-    decoded_mb = n * 3 * 64 * 64 / 2**20  # 117 MiB: what each worker holds with the in-memory loader
+    decoded_mb = n * StoreLayout.derived(64).image_bytes(3) / 2**20  # 309 MiB of canvases: each worker in memory
     uri = mlflow_store(tmp_path)
     growth = {}
     # memory: only to show what holding the set costs a worker (one worker: each holds the whole set).

@@ -20,11 +20,12 @@ from mocolab.tune.spec import Launch, check_sweep
 from readme_blocks import commands
 
 # Appended to each line of docs/studies.md's block: the smoke preset (its 8,192 images hold K = 4096), 4 steps
-# a trial trained in the trial's own process, a small evaluation, one trial per invocation
+# a trial trained in the trial's own process (run.num_workers=0: a sweep takes it from --set), a small evaluation,
+# one trial per invocation
 SMALL = ["--preset", "smoke", "--set", "optim.max_steps=4", "--set", "eval.knn_every=0", "--set",
          "eval.knn_bank=512", "--set", "eval.knn_test=200", "--set", "eval.linear_train=512", "--set",
          "eval.linear_steps=5", "--set", "run.system_metrics_s=0", "--set", "run.log_models=false",
-         "--workers-per-trial", "0",
+         "--set", "run.num_workers=0",
          "--max-concurrent", "1", "--stop-after", "1"]
 
 
@@ -120,6 +121,7 @@ def test_docs_sweep_block_runs_resumes_and_records_a_parent_with_its_trials(tmp_
     assert [r.data.tags["trial"] for r in sorted(children, key=lambda r: r.info.start_time)] == [
         "moco.tau=0.07 queue.size=1024 seed=0", "moco.tau=0.07 queue.size=4096 seed=0"]
     assert all(r.info.status == "FINISHED" and "linear_top1" in r.data.metrics for r in children)
+    assert {r.data.params["run.num_workers"] for r in children} == {"0"}  # the --set value, not the flag's default
     assert grid_parent.data.tags["mocolab.status"] == "partial"
     assert "moco.tau=0.07 queue.size=4096" in again.stdout  # the closing table, one row per point
     assert (tmp_path / "runs" / "sweeps" / "sweep-tau-size-smoke-s0" / "report" / "report.html").is_file()
@@ -140,6 +142,6 @@ def test_a_search_selects_on_a_validation_split_it_holds_out_never_on_the_test_s
             check_sweep(replace(sweep, metric=metric), Launch())
     with pytest.raises(ValueError, match=re.escape("data.val_size: 0 holds out no validation split")):
         check_sweep(replace(sweep, base_overrides={**sweep.base_overrides, "data.val_size": 0}), Launch())
-    with pytest.raises(ValueError, match=re.escape("data.val_size: 0 holds out no validation split for the "
-                                                   "'val_knn_top1' a grid search / asha scheduler")):  # it selects too
-        check_sweep(replace(grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke"), scheduler="asha"), Launch())
+    with pytest.raises(ValueError, match=re.escape("--scheduler asha: stops a search's poor trials early, and "
+                                                   "--search grid runs every point to its end")):  # never dropped
+        check_sweep(grid_sweep(check_grid({"moco.tau": [0.1]}), preset="smoke", scheduler="asha"), Launch())

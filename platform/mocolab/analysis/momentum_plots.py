@@ -91,11 +91,13 @@ def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
     table["linear_vs_reference"] = [vs_ref[n].diff.mean if n in vs_ref else nan for n in names]
     table["p_holm_vs_reference"] = [vs_ref[n].p_holm if n in vs_ref else nan for n in names]
 
-    lines = [f"{'m':>11} {'seeds':>5} {'linear top-1 %':>16} {'kNN top-1 %':>16} {'Δ linear vs init':>22} "
-             f"{'final loss':>10} {'status':>10} {'half-life':>9} {'staleness':>9} {'paper':>6}"]
+    lines = [f"{'m':>11} {'seeds':>5} {'linear top-1 %':>16} {'1 % labels %':>16} {'kNN top-1 %':>16} "
+             f"{'Δ linear vs init':>22} {'final loss':>10} {'status':>10} {'half-life':>9} {'staleness':>9} "
+             f"{'paper':>6}"]
     for name, (_, r) in zip(names, table.iterrows()):
         lines.append(f"{r['moco.m']:>11g} {finished.get(float(r['moco.m']), 0):>5} "
                      f"{fmt_mean_std(r.linear_top1_mean, r.linear_top1_std):>16} "
+                     f"{fmt_mean_std(r.linear_top1_1pct_mean, r.linear_top1_1pct_std):>16} "
                      f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {paired_diff(by_a.get(name)):>22} "
                      f"{r.final_loss:>10.3f} {r.status:>10} {r.ema_half_life:>9.1f} {r.max_staleness:>9.0f} "
                      f"{_paper(r.paper):>6}")
@@ -104,7 +106,7 @@ def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
     for kind, scores, delta in ((INIT, init, "0"), (PIXELS, pixels, "—")):
         if scores["linear_top1"].n:
             lines.append(f"{kind:>11} {scores['linear_top1'].n:>5} "
-                         f"{fmt_mean_std(scores['linear_top1'].mean, scores['linear_top1'].std):>16} "
+                         f"{fmt_mean_std(scores['linear_top1'].mean, scores['linear_top1'].std):>16} {'—':>16} "
                          f"{fmt_mean_std(scores['knn_top1'].mean, scores['knn_top1'].std):>16} {delta:>22} "
                          f"{'—':>10} {'baseline':>10} {'—':>9} {'—':>9} {'—':>6}")
     if init["linear_top1"].n:
@@ -117,6 +119,9 @@ def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
         lines.append("An arm has learned only as far as it is above it. raw-pixels: the same probes on the pixels. "
                      "Δ linear vs init: the paired difference from the random-init encoder of the same seed "
                      "[95 % interval].")
+    if table["linear_top1_1pct_mean"].notna().any():
+        lines.append("1 % labels: the linear probe on 1 % of its training images (class-balanced, the mean over "
+                     "fixed draws that every arm and seed shares; evaluation/low_label.py).")
     else:
         lines.append("The random-init encoder was not measured" + (f" ({note})" if note else "") +
                      ": no arm is shown against the network it started from.")

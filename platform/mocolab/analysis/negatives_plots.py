@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def negatives_setting(negatives: Any, policy: Any, m: Any) -> str:
     """A negatives-ablation trial's setting: its source, and for a queue the policy and m."""
-    source = str(negatives) if isinstance(negatives, str) and negatives else "queue"  # runs from before: a queue
+    source = str(negatives) if isinstance(negatives, str) and negatives else "queue"  # no field: a queue
     if source != "queue":
         return source.replace("_", " ")
     return f"queue {policy if isinstance(policy, str) and policy else 'fifo'} m={float(m):g}"

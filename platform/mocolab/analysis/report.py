@@ -22,23 +22,31 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mocolab.analysis import bar_plot, line_plot, summarise  # noqa: E402
 from mocolab.analysis.momentum_plots import BASELINE_COLUMNS, PAPER_MOMENTUM, momentum_plot  # noqa: E402
+from mocolab.analysis.feature_maps import feature_map_panels  # noqa: E402
 from mocolab.analysis.negatives_plots import negatives_drift, negatives_plot  # noqa: E402
+from mocolab.analysis.probe_curves import probe_curves  # noqa: E402
 from mocolab.analysis.vit_plots import GRAD_FIRST, patch_momentum_table, vit_plot  # noqa: E402
 from mocolab.tracking import PARENT_TAG, Store, redact_uri, run_link, trials_frame  # noqa: E402
-from mocolab.tracking.store import BASELINE_KIND_TAG, BASELINE_SET_TAG, BASELINES_EXPERIMENT  # noqa: E402
+from mocolab.tracking.store import (BASELINE_KIND_TAG, BASELINE_SET_TAG, BASELINES_EXPERIMENT,  # noqa: E402
+                                    HistoryCache)
 
 CURVES = (("loss", "InfoNCE loss"), ("knn_top1", "kNN top-1"), ("pretext_acc", "pretext accuracy"),
           ("staleness_mean", "mean key staleness (steps)"))
+LEGEND_MAX = 10  # legend entries of the curves: more trials are grouped by what they vary, or counted
+History = Callable[[str, str], list[tuple[int, float]]]  # (run id, metric) -> (step, value) pairs
 
 
 @dataclass
@@ -79,21 +87,54 @@ def png_size(path: Path) -> tuple[int, int]:
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
-def _curves(store: Store, df: pd.DataFrame, path: Path) -> Path:
-    """Small multiples: one panel per metric, one line per trial."""
+def legend_groups(df: pd.DataFrame, varying: list[str],
+                  cap: int = LEGEND_MAX) -> tuple[list[tuple[str, list[int]]], list[int]]:
+    """(legend entry, the row positions drawn in its colour) for at most ``cap`` entries, and the rows left
+    unlabelled: one entry per trial up to ``cap`` trials; beyond, one per value of the first varied param
+    with at most ``cap`` values; else the first ``cap`` trials, and the rest counted.  A legend of hundreds
+    of trials hides the plot it labels."""
+    rows = list(range(len(df)))
+    if len(df) <= cap:
+        return [(str(label), [i]) for i, label in enumerate(df["label"])], []
+    for key in varying:
+        values = df[f"params.{key}"].astype(str).tolist()
+        if len(set(values)) <= cap:
+            groups: dict[str, list[int]] = {}
+            for i, v in enumerate(values):
+                groups.setdefault(v, []).append(i)
+            return [(f"{key}={v} ({len(members)} trials)", members) for v, members in groups.items()], []
+    return [(str(df["label"].iloc[i]), [i]) for i in rows[:cap]], rows[cap:]
+
+
+def _curves(history: History, df: pd.DataFrame, varying: list[str], path: Path) -> Path:
+    """Small multiples: one panel per metric, one line per trial (a colour per legend entry).
+
+    The trials of one colour and style are one matplotlib line, broken between trials (NaN): a line object
+    per trial costs milliseconds each, which a report of hundreds of trials rebuilt at every trial's end
+    pays again and again."""
+    groups, rest = legend_groups(df, varying)
+    colour = {i: f"C{n % 10}" for n, (_, members) in enumerate(groups) for i in members}
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4), dpi=100)
+    drawn = False
     for ax, (key, title) in zip(axes, CURVES):
-        for _, row in df.iterrows():
-            hist = store.metric_history(row["run_id"], key)
+        lines: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+        for i, row in enumerate(df.itertuples()):
+            hist = history(row.run_id, key)
             if hist:
-                style = ":" if row["status"] != "finished" else "-"
-                ax.plot([h[0] for h in hist], [h[1] for h in hist], style, marker=".", label=str(row["label"]))
+                xs, ys = lines.setdefault((colour.get(i, "0.6"), ":" if row.status != "finished" else "-"), ([], []))
+                xs.extend([h[0] for h in hist] + [math.nan])
+                ys.extend([h[1] for h in hist] + [math.nan])
+        for (c, style), (xs, ys) in lines.items():
+            ax.plot(xs, ys, style, marker=".", color=c, alpha=1.0 if c != "0.6" else 0.5)
+            drawn = True
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
+    if drawn:
+        handles = [Line2D([], [], color=f"C{n % 10}", marker=".", label=label) for n, (label, _) in enumerate(groups)]
+        if rest:
+            handles.append(Line2D([], [], color="0.6", marker=".", label=f"{len(rest)} more trials"))
+        fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=8)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path)
     plt.close(fig)
@@ -154,11 +195,14 @@ window.addEventListener("load", function () {{
 
 def build_report(experiment: str, out: str | Path, *, parent_run: str | None = None,
                  tracking_uri: str | None = None, ui_url: str = "http://127.0.0.1:5000",
-                 log_artifacts: bool = True, refresh_s: int | None = None) -> Report:
+                 log_artifacts: bool = True, refresh_s: int | None = None,
+                 histories: HistoryCache | None = None) -> Report:
     """Render the report; an empty experiment gives a page that says so, never a crash.
 
     ``refresh_s``: a live page (``report --watch``, a study's ``--watch``) that reloads itself every
     ``refresh_s`` seconds while anything in it runs; the page written once nothing runs does not.
+    ``histories``: the metric histories of ended runs kept from earlier builds (one cache per watched
+    report), so that rebuilding at every trial's end does not read every trial's curves again.
     """
     store = Store(tracking_uri)
     uri = store.uri
@@ -166,8 +210,11 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     df = trials_frame(runs)
+    kept = histories if histories is not None else HistoryCache()
+    by_id = {run.info.run_id: run for run in runs}
+    history: History = lru_cache(maxsize=None)(lambda run_id, key: kept.history(store, by_id[run_id], key))
     if not df.empty:
-        df["epochs"] = [len(store.metric_history(r, "loss")) for r in df["run_id"]]
+        df["epochs"] = [len(history(r, "loss")) for r in df["run_id"]]  # one loss point per epoch
         df["loss"] = [run.data.metrics.get("loss", math.nan) for run in runs]
     title = f"{experiment}" + (f" — sweep {parent_run[:8]}" if parent_run else "")
     running = int((df["status"] == "running").sum()) if not df.empty else 0
@@ -197,7 +244,7 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
         varying_keys = varying
     negatives = "moco.negatives" in varying_keys or "queue.policy" in varying_keys
     if v3 and ("moco.m" in varying_keys or "vit.freeze_patch_embed" in varying_keys):  # the ViT ablation
-        curves = {str(r.label): store.metric_history(r.run_id, GRAD_FIRST) for r in df.itertuples()}
+        curves = {str(r.label): history(r.run_id, GRAD_FIRST) for r in df.itertuples()}
         figures.append(("MoCo v3: accuracy against base momentum per patch projection (trained | frozen), and "
                         "the first layer's gradient norm at every step of every trial",
                         vit_plot(patch_momentum_table(df), curves, out / "vit.png")))
@@ -224,7 +271,11 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
         if key in varying_keys:
             figures.append((f"{name.capitalize()} settings (grouped bars: linear probe and kNN)", bar_plot(
                 summarise(df, key), key, f"{name} ablation", out / f"{name}.png")))
-    figures.append(("Training curves of every trial (dotted: did not finish)", _curves(store, df, out / "curves.png")))
+    # each arm's online probe during training, and its features' map (where the runs logged them)
+    figures += [f for f in (probe_curves(history, df, varying, out / "online_probe.png"),
+                            feature_map_panels(store, df, varying, out / "feature_maps.png")) if f is not None]
+    figures.append(("Training curves of every trial (dotted: did not finish)",
+                    _curves(history, df, varying, out / "curves.png")))
 
     sections = []
     for caption, path in figures:
@@ -253,8 +304,7 @@ def sweep_baselines(store: Store, parent_run: str | None) -> pd.DataFrame:
     name = store.client.get_run(parent_run).data.tags.get(PARENT_TAG) if parent_run else None
     if not name or exp_id is None:
         return empty
-    runs = store.client.search_runs([exp_id], f"tags.`{BASELINE_SET_TAG}` = '{name}' and attributes.status = "
-                                              f"'FINISHED'", max_results=1000)
+    runs = store.search_all([exp_id], f"tags.`{BASELINE_SET_TAG}` = '{name}' and attributes.status = 'FINISHED'")
     rows = []
     for r in runs:
         kind = r.data.tags.get(BASELINE_KIND_TAG)
@@ -292,13 +342,14 @@ def watch_report(experiment: str, out: str | Path, *, interval_s: int = 30, pare
     to the parent run, like a sweep's closing report). Ctrl-C stops watching and leaves the last page."""
     say(f"watching '{experiment}'" + (f" sweep {parent_run}" if parent_run else "") +
         f": {Path(out) / 'report.html'} is rewritten every {interval_s} s while trials run (Ctrl-C stops)")
+    histories = HistoryCache()
     while True:
         rep = build_report(experiment, out, parent_run=parent_run, tracking_uri=tracking_uri, ui_url=ui_url,
-                           log_artifacts=False, refresh_s=interval_s)
+                           log_artifacts=False, refresh_s=interval_s, histories=histories)
         if not rep.live:
             break
         say(f"  {time.strftime('%H:%M:%S')}  {rep.trials} trial(s), {rep.running} running")
         time.sleep(interval_s)
     return build_report(experiment, out, parent_run=parent_run, tracking_uri=tracking_uri, ui_url=ui_url,
-                        refresh_s=interval_s)
+                        refresh_s=interval_s, histories=histories)
 

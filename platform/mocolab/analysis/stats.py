@@ -132,3 +132,47 @@ def detectable(std: float, n: int, alpha: float, power: float = 0.8) -> float:
     while shortfall(high) < 0:
         high *= 2
     return float(brentq(shortfall, 0.0, high, xtol=1e-9 * std))
+
+
+def upper_bound(diff: Interval, level: float = 0.95) -> float:
+    """The one-sided ``level`` upper confidence bound of the mean difference: the largest effect the seeds leave
+    standing, what a "not reproduced" is set beside the paper's effect with (NaN below two seeds)."""
+    if diff.n < 2 or math.isnan(diff.std):
+        return math.nan
+    return diff.mean + float(stats.t.ppf(level, diff.n - 1)) * diff.std / math.sqrt(diff.n)
+
+
+def slope_weights(xs: Sequence[float]) -> list[float]:
+    """The least-squares slope of y on x as a linear contrast: slope = sum(w_i * y_i), so a per-seed slope is one
+    number per seed and the seeds' slopes take the t-interval a paired difference does."""
+    mean = sum(xs) / len(xs)
+    sxx = sum((x - mean) ** 2 for x in xs)
+    if not sxx > 0:
+        raise ValueError(f"xs: {list(xs)} needs two different values for a slope")
+    return [(x - mean) / sxx for x in xs]
+
+
+def order_weights(n: int) -> list[float]:
+    """A linear contrast over ``n`` ordered arms (centred ranks), scaled so its positive weights sum to 1: with
+    three arms it is the last minus the first, so it reads in the metric's points and takes the metric's margin."""
+    if n < 2:
+        raise ValueError(f"n: {n}; an order needs at least two arms")
+    ranks = [i - (n - 1) / 2 for i in range(n)]
+    top = sum(r for r in ranks if r > 0)
+    return [r / top for r in ranks]
+
+
+def contrast(arms: Sequence[Mapping[int, float]], weights: Sequence[float], name: str) -> Comparison:
+    """The per-seed value of sum(w_i * arm_i) over the seeds every arm has, tested against 0 (one-sample t-test,
+    which for two arms with weights (1, -1) is the paired test): a trend across several arms as one test."""
+    if len(arms) != len(weights):
+        raise ValueError("weights: one per arm")
+    seeds = sorted(s for s in arms[0] if all(s in a and not math.isnan(a[s]) for a in arms))
+    values = [sum(w * a[s] for w, a in zip(weights, arms)) for s in seeds]
+    d = interval(values)
+    if len(seeds) < 2:
+        return Comparison(name, "0", len(seeds), d, math.nan, math.nan)
+    if d.std == 0:
+        return Comparison(name, "0", len(seeds), d, math.inf if d.mean else 0.0, 0.0 if d.mean else 1.0)
+    res = stats.ttest_1samp(values, 0.0)
+    return Comparison(name, "0", len(seeds), d, float(res.statistic), float(res.pvalue))

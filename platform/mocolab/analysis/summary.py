@@ -17,6 +17,9 @@ import pandas as pd
 from mocolab.analysis.stats import Comparison, fmt_p, holm, paired
 
 ALPHA = 0.05
+# the accuracies a summary averages over seeds: the full linear probe and kNN, the linear probe on 1 % and 10 % of
+# the labels and the k = 20 kNN (a run that logged none of one: NaN, shown as —)
+SUMMARY_METRICS = ("linear_top1", "knn_top1", "linear_top1_1pct", "linear_top1_10pct", "knn20_top1")
 
 
 def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -36,8 +39,8 @@ def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
             ok = ok.drop_duplicates(subset=[seed_col])
         row = {by: value, "trials": len(g), "seeds": seeds, "repeats": len(g) - seeds,
                "status": _status(g["status"])}
-        for m in ("linear_top1", "knn_top1"):
-            vals = 100 * ok[m].dropna()
+        for m in SUMMARY_METRICS:
+            vals = 100 * (ok[m] if m in ok else pd.Series(dtype=float)).dropna()
             row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["final_loss"] = g["final_loss"].mean()

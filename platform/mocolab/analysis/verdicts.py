@@ -1,4 +1,5 @@
-"""The four verdicts a paper claim can get, each decided by a rule fixed before the runs it judges.
+"""The four verdicts a paper claim can get, each decided by a stated rule (whether the rule came before the runs
+it judges is checked from the runs' tags: repro/preregistration.py).
 
 A paired test that finds no significant difference says nothing by itself: with three seeds in a family of
 nineteen it could miss an effect of several points.  So "not reproduced" needs evidence of absence: an
@@ -8,6 +9,9 @@ effect (80 % power at its corrected level) says how large an effect the seeds co
 
 Each claim is one Holm family: its directional tests are corrected together, and so are its equivalence
 tests; adding an arm to one claim changes no other claim's verdict.
+
+A significant difference in the paper's direction whose no-effect test also excludes the margin is real but
+smaller than the smallest effect that counts: it reads "reproduced, below the margin", not the paper's effect.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
 NOT_YET = "not yet tested"
 NOT_TESTABLE = "not testable at this budget"
+BELOW_MARGIN = "reproduced, below the margin"  # significant, and smaller than the margin: not the paper's effect
 VERDICTS = (REPRODUCED, REVERSED, NOT_REPRODUCED, INCONCLUSIVE)
 
 # what the paper says of a against b, for each comparison of a claim
@@ -60,7 +65,7 @@ def _equivalence(c: Comparison, kind: str, margin: float) -> float:
 def _verdict(c: Comparison, kind: str, margin: float, p_equiv: float, p_learned: float, alpha: float) -> str:
     if kind == GREATER:
         if c.p_holm < alpha:
-            return REPRODUCED if c.diff.mean > 0 else REVERSED
+            return (BELOW_MARGIN if p_equiv < alpha else REPRODUCED) if c.diff.mean > 0 else REVERSED
         return NOT_REPRODUCED if p_equiv < alpha else INCONCLUSIVE
     if kind == EQUAL:
         if p_equiv < alpha:
@@ -75,7 +80,7 @@ def judge(comparisons: Sequence[Comparison], kind: str, margin: float, *, alpha:
           power: float = 0.8, testable: Sequence[bool] | None = None) -> list[Judged]:
     """Judge one claim's comparisons (a − b, paired by seed) as one family, by the claim's ``kind``.
 
-    ``testable``: per comparison, whether the budget can test it (a budget rule, decided before the runs);
+    ``testable``: per comparison, whether the budget can test it (a budget rule of the plan);
     one that cannot is reported but takes no part in the family.  A comparison with fewer than two seeds is
     "not yet tested" and likewise left out.
     """

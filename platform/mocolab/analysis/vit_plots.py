@@ -18,7 +18,7 @@ GRAD_FIRST = "grad_norm_first_layer"  # the per-step metric of the first layer's
 
 def patch_momentum_table(df: pd.DataFrame) -> pd.DataFrame:
     """The ViT ablation's summary: per (patch projection trained|frozen, base m), as ``summarise`` gives it,
-    with ``patch`` and ``moco.m`` columns; runs from before ``vit.freeze_patch_embed`` existed count as trained."""
+    with ``patch`` and ``moco.m`` columns; a run without ``vit.freeze_patch_embed`` counts as trained."""
     frozen = df.get("params.vit.freeze_patch_embed", pd.Series(False, index=df.index))
     df = df.assign(**{"params.patch": ["frozen" if str(v).lower() in ("true", "1", "1.0") else "trained"
                                        for v in frozen]})

@@ -23,6 +23,7 @@ from mocolab.config.flags import check_numbers, parse_checked
 from mocolab.training.interrupts import closing_on_signals, exit_code
 from mocolab.repro.run import main as repro_main
 from mocolab.config.choices import STUDIES
+from mocolab.config.launch_fields import config_file_requests
 
 
 def _overrides(args: argparse.Namespace, more: list[str] = ()) -> dict:
@@ -31,9 +32,21 @@ def _overrides(args: argparse.Namespace, more: list[str] = ()) -> dict:
     return {**out, **parse_overrides([*(args.set or []), *more])}
 
 
+def _train_overrides(args: argparse.Namespace) -> dict:
+    """--config's and --set's fields with --storage's run.output_dir: one they give agrees with --storage or is
+    refused naming both, and is taken over $MOCOLAB_STORAGE (a node's default, the cluster's shared storage)."""
+    fields = config_file_requests(args.preset, config_file_overrides(args.config)) if args.config else {}
+    over = {**fields, **parse_overrides(args.set or [])}
+    asked = over.get("run.output_dir")
+    if args.storage is not None and asked is not None and str(asked) != args.storage:
+        raise ValueError(f"run.output_dir: {asked!r} (--set or --config) and --storage {args.storage} disagree: "
+                         f"give one of them, or the same folder to both")
+    storage = args.storage or (None if asked is not None else os.environ.get("MOCOLAB_STORAGE"))
+    return {**over, "run.output_dir": storage} if storage else over
+
+
 def _train(args: argparse.Namespace) -> int:
-    storage = args.storage or os.environ.get("MOCOLAB_STORAGE")  # a cluster's shared storage, set once per node
-    cfg = check_data(build_config(args.preset, _overrides(args, [f"run.output_dir={storage}"] if storage else [])))
+    cfg = check_data(build_config(args.preset, _train_overrides(args)))
     if args.print_config:  # the resolved config, validated, and nothing else: no Ray, no MLflow, no training
         print(f"# mocolab train --preset {args.preset}: every resolved field; --config FILE reads it back")
         print(to_yaml(cfg), end="")
@@ -166,7 +179,8 @@ def sweep_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", default="val_knn_top1",
                    help="what a search maximises, on the validation split (data.val_size; default val_knn_top1, "
                         "every epoch)")
-    p.add_argument("--experiment", default=EXPERIMENT, help=f"MLflow experiment (default {EXPERIMENT})")
+    p.add_argument("--experiment", default=None,
+                   help=f"MLflow experiment (default --set run.experiment if given, else {EXPERIMENT})")
     return p
 
 
@@ -335,12 +349,19 @@ def _repro_parser(sub) -> None:
     rp.add_argument("--document-only", action="store_true", help="write the document from results/ only")
     rp.add_argument("--status", action="store_true",
                     help="print each study's trials ended and left, and the hours left, from the store: run nothing")
+    rp.add_argument("--pack", action="store_true",
+                    help="pack the store into RESULTS/runs.db.xz, the form git commits (after new runs `mocolab "
+                         "repro` does it too): run nothing")
+    rp.add_argument("--unpack", action="store_true",
+                    help="expand RESULTS/runs.db.xz into RESULTS/runs.db, the file MLflow (and `mlflow ui`) reads, "
+                         "where it is missing or older (every repro command does it first): run nothing")
     rp.add_argument("--results", default="results", help="the CSV folder (default results)")
     rp.add_argument("--doc", default="docs/REPRODUCTION.md", help="the document (default docs/REPRODUCTION.md)")
     rp.add_argument("--readme", default="README.md", help="README whose headline table is regenerated")
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else the committed store "
-                         "RESULTS/runs.db, so that a clone on another machine resumes the same runs)")
+                         "RESULTS/runs.db, expanded from RESULTS/runs.db.xz, so that a clone on another machine "
+                         "resumes the same runs)")
     rp.set_defaults(func=_repro)
 
 
@@ -363,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config field, e.g. --set moco.m=0.9 (repeatable)")
     tr.add_argument("--storage", default=None, metavar="FOLDER_OR_URI",
                     help="where checkpoints live (run.output_dir): a folder, or any URI Ray Train writes to "
-                         "(s3://bucket/runs, gs://..., file:///...); default $MOCOLAB_STORAGE, else run.output_dir")
+                         "(s3://bucket/runs, gs://..., file:///...); default --set run.output_dir if given, else "
+                         "$MOCOLAB_STORAGE, else the preset's run.output_dir")
     tr.add_argument("--print-config", action="store_true",
                     help="print the resolved, validated config as YAML (--config reads it back) and exit")
     tr.add_argument("--measure-init", action="store_true",

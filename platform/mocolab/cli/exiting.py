@@ -1,10 +1,10 @@
 """How a mocolab command ends: with its exit status, and without walking the whole heap first.
 
 At interpreter exit Python runs a last cyclic garbage collection over every object the process still
-holds. After torch, Ray and MLflow are loaded and a run has trained, that walk takes 2-3 s on a two-core
-machine (a `mocolab train` of seconds spends as long ending as evaluating) and frees nothing the end of
+holds. After torch, Ray and MLflow are loaded and a run has trained, that walk takes seconds on a small
+machine (a short `mocolab train` would spend as long ending as evaluating) and frees nothing the end of
 the process would not. ``gc.freeze()`` moves the live objects where that collection does not look;
-atexit handlers, stream flushes and plain reference-count finalisers run as before.
+atexit handlers, stream flushes and plain reference-count finalisers still run.
 """
 
 from __future__ import annotations

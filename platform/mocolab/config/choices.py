@@ -28,7 +28,7 @@ BN_MODES = ("shuffle", "split", "groups", "sync", "plain")
 
 # config/hardware.py: run.device and run.precision
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "auto")
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 
 # vit.py: name -> (embedding width, depth, heads): timm's ViT-Tiny and MoCo v3's ViT-Small (12 heads)
 VIT_SIZES: dict[str, tuple[int, int, int]] = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12)}
@@ -60,7 +60,7 @@ def named_backbone(value: object) -> tuple[str, str] | None:
 VERSIONS = ("v1", "v2", "v3")
 
 # negatives.py: moco.negatives
-NEGATIVE_SOURCES = ("queue", "memory_bank", "in_batch")
+NEGATIVE_SOURCES = ("queue", "memory_bank", "in_batch", "batch_keys")
 
 # training/optimizers.py: optim.name
 OPTIMIZERS = ("sgd", "adamw", "lars")

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 PACKAGE = Path(__file__).resolve().parents[1]  # the mocolab folder this process runs
 ENTRY = "mocolab.training.worker"  # what every rank runs (train_loop_per_worker); in process too
 STEP_PACKAGES = ("torch", "torchvision", "kornia", "numpy")  # what a training step computes with
-UNKNOWN = ""  # the fingerprint of a run made before fingerprints existed: code unknown
+UNKNOWN = ""  # the fingerprint of a run that records none: code unknown
 
 
 @dataclass(frozen=True)

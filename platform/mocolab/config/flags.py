@@ -32,7 +32,7 @@ NUMBERS: dict[str, Range] = {
     "--samples": Range(1, 10_000),
     "--workers-per-trial": Range(0, 4096, allowed="[0, 4096] (0: each trial trains in its own process)"),
     "--cpus-per-worker": Range(0.0, 4096.0, lo_open=True, allowed="(0, 4096]"),  # run.cpus_per_worker's
-    "--gpus-per-worker": Range(0.0, 64.0),  # run.gpus_per_worker's
+    "--gpus-per-worker": Range(0.0, 64.0),  # a node's in `cluster up`; a sweep's above 1: spec.check_launch
     "--max-concurrent": Range(1),
     "--stop-after": Range(1),
     "--watch": Range(1, 86_400, allowed="[1, 86400] seconds between rewrites"),

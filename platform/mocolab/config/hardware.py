@@ -14,13 +14,17 @@ from mocolab.config.choices import DEVICES, PRECISIONS  # noqa: F401  (run.devic
 
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
     """None for float32; bfloat16 for 'bf16', or for 'auto' where the hardware computes it natively
-    (AVX-512 BF16 / AMX on CPU, Ampere+ on GPU) - elsewhere emulated bf16 would be slower than fp32."""
+    (AVX-512 BF16 / AMX on CPU, Ampere+ on GPU) - elsewhere emulated bf16 would be slower than fp32.
+    float16 for 'fp16' only, as asked (the trainer scales its loss: ``GradScaler``): the fast half precision
+    of GPUs without bf16 (V100, T4), where 'auto' stays float32 rather than change a run's numerics unasked."""
     if name not in PRECISIONS:
         raise ValueError(f"run.precision: unknown value {name!r}; choose one of {list(PRECISIONS)}")
     if name == "fp32":
         return None
     if name == "bf16":
         return torch.bfloat16
+    if name == "fp16":
+        return torch.float16
     if device.type == "cuda":  # emulation counted out: V100 and T4 report bf16 and run it slower than fp32
         return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else None
     try:
@@ -31,11 +35,14 @@ def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
 
 
 def configure_device(device: torch.device) -> None:
-    """What a GPU run sets once: TF32 for float32 matrix products and convolutions (Ampere and later; fp32
-    runs keep their accuracy well inside what a probe tells), and cuDNN's autotuner, since a training
-    step's shapes never change.  Nothing on the CPU."""
+    """What a GPU run sets once for training: TF32 for float32 matrix products and convolutions (Ampere and
+    later; fp32 runs keep their accuracy well inside what a probe tells), and cuDNN's autotuner, since a
+    training step's shapes never change.  Nothing on the CPU.  Evaluation turns TF32 off again while it
+    runs (``evaluation.precision.full_fp32``): the kNN and the probe score features in full float32, so
+    the same features score the same on a GPU and a CPU."""
     if device.type != "cuda":
         return
+    torch.set_float32_matmul_precision("high")  # cuBLAS TF32 on
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
@@ -62,9 +69,9 @@ def keep_freed_memory() -> bool:
     A training step allocates and frees the same tensors, megabytes each, every
     step.  glibc serves blocks above its mmap threshold with fresh mappings and
     may trim the heap's free top, so a process can fault its activations in
-    page by page every step: 7-9 % of a cpu-quick step where it did.  Whether
-    it does depends on the heap's layout; about half of fresh processes did
-    (benchmarks/RESULTS.md).  Here blocks up to 32 MiB (glibc's ceiling) come
+    page by page every step.  Whether it does depends on the heap's layout,
+    which differs from one fresh process to the next (benchmarks/RESULTS.md,
+    "Performance: the faster step").  Here blocks up to 32 MiB (glibc's ceiling) come
     from the heap and up to 1 GiB of free heap is kept, in every process.  The
     resident memory stays near its peak, which a training process reaches
     every step anyway.  Linux with glibc only; elsewhere nothing changes.
@@ -90,7 +97,8 @@ def keep_freed_memory() -> bool:
 
 def cpu_description() -> str:
     """The CPU as a time or accuracy figure must name it: model, cores this process may use, and the vector
-    extensions torch's kernels pick from (AVX-512 BF16 machines train about 3x faster than AVX2-only ones)."""
+    extensions torch's kernels pick from (they set a run's speed: benchmarks/RESULTS.md,
+    "Time to a result, second part: the evaluation, and Ray Train against torchrun")."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -114,7 +122,7 @@ def provenance(device: torch.device, precision: torch.dtype | None) -> dict[str,
     Logged as run tags (``mocolab.*``) so that pooled results from other machines are told apart."""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()
     return {"mocolab.torch": torch.__version__, "mocolab.device": where,
-            "mocolab.precision": "bf16" if precision == torch.bfloat16 else "fp32"}
+            "mocolab.precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(precision, "fp32")}
 
 
 MAX_THREADS_ENV = "MOCOLAB_MAX_THREADS"
@@ -123,8 +131,8 @@ MAX_THREADS_ENV = "MOCOLAB_MAX_THREADS"
 def usable_cores() -> int:
     """The cores this process's torch threads may use: its CPU affinity (taskset, a cpuset), capped by
     $MOCOLAB_MAX_THREADS where set (several jobs sharing a machine, a parallel test suite).  OpenMP threads
-    that outnumber the cores spin against each other: two 2-thread trainings on two cores each run 4.7x
-    slower than one alone, two 1-thread ones 1.5x (benchmarks/oversubscription.py)."""
+    that outnumber the cores spin against each other (benchmarks/RESULTS.md, "Two trainings on two cores:
+    threads against cores")."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

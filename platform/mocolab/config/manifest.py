@@ -7,7 +7,7 @@ so one rule decides whether an attempt continues a run.
 
 The run format covers everything a run leaves behind: this manifest, the checkpoint files and the
 MLflow record. A field added to the config needs no entry anywhere, provided its default computes what
-the code computed before the field existed: a record that lacks it is read at that default, and derived
+the code does without the field: a record that lacks it is read at that default, and derived
 names and fingerprints read only the fields that differ from their defaults. Anything else (a field
 removed or renamed, a default whose meaning changed, another checkpoint layout) moves ``FORMAT_VERSION``,
 and a run of another format is refused with the way to finish it.
@@ -40,7 +40,7 @@ FORMAT_VERSION = 2
 MANIFEST = "manifest.json"  # in the run's folder, beside its checkpoints
 OUTCOME = "outcome.json"  # ... and, once it has ended, how: what the same command reports without training
 FINAL_ERROR = "final_error.json"  # a worker's user error that ended the run, for the driver to raise once
-# The last mocolab that writes each older format: the version that can finish such a run.
+# For each run format below FORMAT_VERSION, the last mocolab that writes it: the version that can finish such a run.
 WRITTEN_BY = {1: "0.1.0"}
 FORMAT1_RECORD = "config.json"  # what a format-1 run folder holds instead of a manifest
 
@@ -61,7 +61,7 @@ class RunManifest:
     fingerprint: str
     format: int = FORMAT_VERSION
     mocolab: str = __version__
-    # the code that trains it (config/code_fingerprint.py): empty for a run made before code fingerprints
+    # the code that trains it (config/code_fingerprint.py): empty for a run that records none
     code: Mapping[str, Any] = field(default_factory=dict)
     # where a run continued across a code change (--continue-across-code): [{"code": digest, "from_step": n}]
     segments: tuple[Mapping[str, Any], ...] = ()
@@ -94,7 +94,7 @@ class RunManifest:
 
 
 def with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``flat`` with every field it lacks at its default: a record made before the field existed."""
+    """``flat`` with every field it lacks at its default, so a record without a field reads as that default."""
     return {**Config().flatten(), **flat}
 
 

@@ -30,6 +30,22 @@ class DataConfig:
     # training images held out as the validation split (the same ones for every seed and subset; in-memory
     # sets): never trained on; the per-epoch monitor and model selection read it, the test split only the end
     val_size: int = 0
+    # imagefolder and parquet images are stored whole (data/canvas.py), so that the random-resized crop draws
+    # from the whole image: shorter side at store_short_side, longer side at most store_max_side (aspect kept).
+    # 0 = derived from the training size: the short side at image_size x 256/224 (the reference's Resize(256)
+    # for 224 px crops), the cap at twice the short side
+    store_short_side: int = 0
+    store_max_side: int = 0
+
+    def store_sides(self, image_size: int) -> tuple[int, int]:
+        """(shorter side, cap on the longer side) the images of an indexed set are stored at, for crops of
+        ``image_size`` px: the fields, or what 0 derives."""
+        short = self.store_short_side or round(image_size * STORE_SHORT_RATIO)
+        return short, self.store_max_side or round(short * STORE_MAX_RATIO)
+
+
+STORE_SHORT_RATIO = 256 / 224  # data.store_short_side's default over the crop size: the reference's 256 px for 224
+STORE_MAX_RATIO = 2.0  # data.store_max_side's default over the short side: panoramas are shrunk, not cut
 
 
 @dataclass
@@ -130,7 +146,40 @@ class EvalConfig:
     linear_test: int | None = None  # test images the final linear probe is scored on; None = all
     linear_steps: int = 200  # L-BFGS iterations of the probe
     linear_wd: float = 1e-4
+    # The final evaluation's second kNN, from the same neighbours as the first (metric knn<k>_top1); 0 = none
+    knn_k_small: int = 20
+    # Linear probes on few labels at the end (evaluation/low_label.py): fractions of the probe's training images,
+    # comma-separated ("" = none; metric linear_top1_<percent>pct), each the mean over low_label_draws fixed
+    # class-balanced draws, the same for every arm and seed
+    low_label_fractions: str = "0.01,0.1"
+    low_label_draws: int = 3
+    # the low-label probes' L-BFGS iterations and weight decay, chosen on a validation split
+    # (benchmarks/low_label.py --select, benchmarks/RESULTS.md)
+    low_label_steps: int = 100
+    low_label_wd: float = 0.1
     drift_probes: int = 256  # dictionary slots followed for the key-drift diagnostic (method/diagnostics.py); 0 = off
+    # a linear head trained on the query's detached backbone features during training (training/online_probe.py),
+    # scored with each kNN monitor (metric online_linear_top1, val_online_linear_top1) and at the end
+    online_probe: bool = True
+    # test images (class-balanced, fixed) whose features each run logs for its t-SNE map (analysis/feature_maps.py);
+    # 0 = none
+    feature_map_images: int = 2000
+
+    @property
+    def low_label(self) -> tuple[float, ...]:
+        """``low_label_fractions`` as numbers ("0.01,0.1" or "[0.01, 0.1]" -> (0.01, 0.1); "" or "none" -> ())."""
+        text = str(self.low_label_fractions).strip().strip("[]()")
+        if text.lower() in ("", "none"):
+            return ()
+        out = []
+        for part in text.split(","):
+            try:
+                out.append(float(part))
+            except ValueError:
+                raise ValueError(f"eval.low_label_fractions: {part.strip()!r} is not a number; allowed fractions "
+                                 f"of the probe's training images in (0, 1), comma-separated (e.g. 0.01,0.1), "
+                                 f"or none") from None
+        return tuple(out)
 
 
 @dataclass
@@ -138,7 +187,13 @@ class RunConfig:
     seed: int = 0
     num_workers: int = 0  # Ray Train workers W; 0 = Ray Train's local mode (this process)
     device: str = "auto"
-    precision: str = "fp32"  # encoder compute: fp32, bf16 (autocast), auto = bf16 where the hardware has it
+    precision: str = "fp32"  # encoder compute: fp32, bf16 (autocast), fp16 (autocast, scaled loss), auto = bf16
+    #                          where the hardware has it
+    # the encoders' weights and the views in channels_last: faster convolutions on GPUs with tensor cores,
+    # slower on this CPU (benchmarks/RESULTS.md)
+    channels_last: bool = False
+    # torch.compile of both encoders (the first steps pay the compilation: benchmarks/RESULTS.md)
+    compile: bool = False
     threads: int = 0  # torch threads per worker; 0 = its CPU share
     cpus_per_worker: float = 1.0  # Ray CPU resources per worker (fractions let trials share cores)
     gpus_per_worker: float = 0.0
@@ -151,7 +206,7 @@ class RunConfig:
     experiment: str = "mocolab"  # MLflow experiment
     checkpoint_every: int = 0  # also checkpoint every N steps (0 = at epoch ends only)
     keep_checkpoints: int = 2
-    step_metrics_every: int = 1  # per-step metrics (m, first-layer gradient norm) at every N-th step
+    step_metrics_every: int = 0  # per-step metrics (m, first-layer gradient norm) at every N-th step; 0: <= 250 points
     # MLflow system metrics (CPU, memory, GPU) from every worker node, every N s; 0 = off
     system_metrics_s: float = 10.0
     # a finished run logs its encoder and probe as MLflow models (a torch.export each, seconds on a CPU); a
@@ -226,14 +281,15 @@ class Config:
     @property
     def run_name(self) -> str:
         """The given name, else one derived from the config: the same config resumes the same run. The digest
-        reads the fields that differ from their defaults (``departures``), so a newly added field at its
-        default names a run as before."""
+        reads the fields that differ from their defaults (``departures``), so a field left at its default
+        leaves the name unchanged."""
         if self.run.name:
             return self.run.name
         flat = {k: v for k, v in departures(self.flatten()).items() if not k.startswith("run.") or k == "run.seed"}
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
         version = "" if self.moco.version == "v2" else f"{self.moco.version}-"  # v2, the default, adds nothing
-        source = {"queue": "", "memory_bank": "bank-", "in_batch": "inbatch-"}[self.moco.negatives] \
+        source = {"queue": "", "memory_bank": "bank-", "in_batch": "inbatch-",
+                  "batch_keys": "batchkeys-"}[self.moco.negatives] \
             if self.moco.negatives in NEGATIVE_SOURCES else f"{self.moco.negatives}-"
         if self.method.name:  # a plugin's method: its name (a module:Class path's class), not the built-ins'
             source = f"{self.method.namespace}-"
@@ -286,8 +342,8 @@ _SECTION_TYPES = {
 def departures(flat: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a flattened config that differ from their defaults: what the config says.
 
-    Derived run names and fingerprints read only these, so a new field, whose default computes what the
-    code computed before the field existed, leaves every name and fingerprint as it was.
+    Derived run names and fingerprints read only these, so a field at its default (which computes what the
+    code does without the field) leaves every name and fingerprint unchanged.
     """
     defaults = Config().flatten()
     return {k: v for k, v in flat.items() if k not in defaults or str(v) != str(defaults[k])}

@@ -34,6 +34,27 @@ def _range(name: str, value: float, lo: float | None = None, hi: float | None = 
         raise ValueError(f"{name}: {value!r} is out of range; allowed {allowed}")
 
 
+def _check_store_sides(cfg: Config) -> None:
+    """``data.store_short_side`` / ``store_max_side``: an indexed set's stored images hold the crops and the
+    evaluation's centre crop at the training size, so the short side is at least that; the cap at least the
+    short side."""
+    d = cfg.data
+    given = [f"data.{key}" for key in ("store_short_side", "store_max_side") if getattr(d, key)]
+    if given and d.name not in STREAMABLE:
+        raise ValueError(f"{given[0]}: applies to {' and '.join(STREAMABLE)} sets, whose images are stored whole; "
+                         f"{d.name!r} is stored at data.image_size: leave it 0")
+    if d.name not in STREAMABLE:
+        return
+    size = cfg.image_size
+    if d.store_short_side:
+        _range("data.store_short_side", d.store_short_side, size, 4096,
+               allowed=f"0 (derived) or [{size}, 4096]: at least the training size data.image_size={size}")
+    short, _ = d.store_sides(size)
+    if d.store_max_side:
+        _range("data.store_max_side", d.store_max_side, short, 8192,
+               allowed=f"0 (derived) or [{short}, 8192]: at least the stored short side {short}")
+
+
 def validate(cfg: Config) -> Config:
     """Every check of the config alone: a function of its fields that reads no file and no environment, so it
     answers the same wherever it runs (a ``timm:NAME`` backbone also needs timm installed, a plugin's method
@@ -48,6 +69,10 @@ def validate(cfg: Config) -> Config:
         _choice(key, flat[key], allowed)
 
     _range("moco.m", mc.m, 0.0, 1.0, hi_open=True, allowed="[0, 1)")
+    if r.compile and e.online_probe:
+        raise ValueError("run.compile: true with eval.online_probe: true; the online probe reads the backbone's "
+                         "features through a hook that a compiled encoder does not call reliably. Allowed: "
+                         "run.compile=true with --set eval.online_probe=false, or run.compile=false")
     # tau below 1e-3 puts logits of 1/tau beyond what a bf16 encoder's embeddings resolve; above 10 the
     # softmax is flat and nothing is learned.  lr has no useful upper bound (large-batch recipes scale it
     # with the batch; a diverging run is an outcome the platform records), only finiteness.
@@ -84,18 +109,29 @@ def validate(cfg: Config) -> Config:
     _range("eval.knn_every", e.knn_every, 0)
     _range("eval.linear_steps", e.linear_steps, 1, 100_000)
     _range("eval.linear_wd", e.linear_wd, 0.0, 100.0)
+    _range("eval.knn_k_small", e.knn_k_small, 0)
+    for fraction in e.low_label:
+        _range("eval.low_label_fractions", fraction, 0.0, 1.0, lo_open=True, hi_open=True, allowed="each in (0, 1)")
+    if len(set(e.low_label)) != len(e.low_label):
+        raise ValueError(f"eval.low_label_fractions: {e.low_label_fractions!r} names a fraction twice")
+    _range("eval.low_label_draws", e.low_label_draws, 1, 100)
+    _range("eval.low_label_steps", e.low_label_steps, 1, 100_000)
+    _range("eval.low_label_wd", e.low_label_wd, 0.0, 100.0)
     _range("run.num_workers", r.num_workers, 0)
     _range("run.threads", r.threads, 0, 1024)
     _range("run.seed", r.seed, 0, 2**32 - 1)
     _range("run.cpus_per_worker", r.cpus_per_worker, 0.0, 4096.0, lo_open=True, allowed="(0, 4096]")
     if r.name is not None:
         check_name("run.name", r.name)
-    _range("run.gpus_per_worker", r.gpus_per_worker, 0.0, 64.0)
+    # a rank computes on one device: a second GPU per worker would be held and never used
+    _range("run.gpus_per_worker", r.gpus_per_worker, 0.0, 1.0,
+           allowed="[0, 1]: one rank computes on one GPU (a fraction shares one); more GPUs are more workers, "
+                   "run.num_workers")
     _range("run.collective_timeout_s", r.collective_timeout_s, 1.0, 7 * 86400.0)
     _range("run.checkpoint_every", r.checkpoint_every, 0)
     _range("run.keep_checkpoints", r.keep_checkpoints, 1)
     _range("run.system_metrics_s", r.system_metrics_s, 0, 86400)
-    _range("run.step_metrics_every", r.step_metrics_every, 1, allowed="an integer >= 1")
+    _range("run.step_metrics_every", r.step_metrics_every, 0, allowed="an integer >= 0 (0: at most 250 points a run)")
     _range("run.max_failures", r.max_failures, 0)
     _range("run.fault_step", r.fault_step, 0)
     _range("data.synthetic_size", d.synthetic_size, 2, 1_000_000)
@@ -103,6 +139,7 @@ def validate(cfg: Config) -> Config:
     _range("data.stream_tasks", d.stream_tasks, 1, 64)
     _range("data.max_bad_fraction", d.max_bad_fraction, 0.0, 1.0)
     _range("data.val_size", d.val_size, 0, 10_000_000)
+    _check_store_sides(cfg)
     if d.name == "imagefolder" and not d.root:
         raise ValueError("data.root: imagefolder needs a folder path (root/train/<class>/*.jpg)")
     if d.name == "parquet" and not d.root:
@@ -217,6 +254,9 @@ def _check_method(cfg: Config) -> None:
 def _check_negatives(cfg: Config) -> None:
     mc, q, b = cfg.moco, cfg.queue, cfg.bank
     _range("eval.drift_probes", cfg.eval.drift_probes, 0, allowed="an integer >= 0 (0: no key-drift probes)")
+    if cfg.eval.feature_map_images:  # a t-SNE of fewer points than its perplexity's neighbourhoods draws nothing
+        _range("eval.feature_map_images", cfg.eval.feature_map_images, 50,
+               allowed="0 (no feature map) or an integer >= 50")
     if mc.negatives != "queue" and mc.version == "v3":
         raise ValueError(f"moco.negatives: {mc.negatives!r} applies to the v1/v2 algorithm; moco.version=v3 "
                          f"takes its negatives from the global batch (use moco.version=v2)")
@@ -252,6 +292,9 @@ def _check_symmetric(cfg: Config) -> None:
     if mc.version == "v3":
         raise ValueError("moco.symmetric: moco.version=v3's loss is symmetric always; moco.symmetric=true applies "
                          "to the queue of v1/v2 (leave it false with v3)")
+    if mc.negatives == "batch_keys":
+        raise ValueError("moco.symmetric: moco.negatives=batch_keys is symmetric already; "
+                         "moco.symmetric=true applies to moco.negatives=queue")
     if mc.negatives == "in_batch":
         raise ValueError("moco.symmetric: moco.negatives=in_batch (NT-Xent) is symmetric already; "
                          "moco.symmetric=true applies to moco.negatives=queue")

@@ -10,7 +10,10 @@ training loop seeds (and checkpoints), so the same seed gives the same views.
 from __future__ import annotations
 
 import torch
+from mocolab.method.async_copy import to_device
 from torch import nn
+
+from mocolab.data import canvas
 
 from mocolab.config.choices import AUGMENT_PRESETS as PRESETS  # noqa: F401  (the list lives in config/choices.py, torch-free)
 
@@ -55,27 +58,64 @@ def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -
 
     ``boxes``: N×4 integer (x1, y1, x2, y2), inclusive, inside the image.  Equal to
     slicing each crop and ``F.interpolate``-ing it, to float rounding: rows are
-    interpolated first, then columns, by gathers over the batch.
+    interpolated first, then columns, by gathers over the batch.  A uint8 ``x`` (whole-image canvases,
+    data/canvas.py) is gathered as uint8 and weighted in float32, so only the crops' rows become float.
     """
     n, c, _, w = x.shape
-    x1, y1, x2, y2 = boxes.to(x.device).unbind(1)
+    dtype = x.dtype if x.is_floating_point() else torch.float32
+    x1, y1, x2, y2 = to_device(boxes, x.device).unbind(1)
     r0, r1, h0, h1 = _axis(y1, y2, size[0])
     c0, c1, w0, w1 = _axis(x1, x2, size[1])
 
     def rows(i: torch.Tensor) -> torch.Tensor:
         return x.gather(2, i[:, None, :, None].expand(n, c, size[0], w))
 
-    t = rows(r0) * h0[:, None, :, None].to(x.dtype) + rows(r1) * h1[:, None, :, None].to(x.dtype)
+    t = rows(r0) * h0[:, None, :, None].to(dtype) + rows(r1) * h1[:, None, :, None].to(dtype)
 
     def cols(i: torch.Tensor) -> torch.Tensor:
         return t.gather(3, i[:, None, None, :].expand(n, c, size[0], size[1]))
 
-    return cols(c0) * w0[:, None, None, :].to(x.dtype) + cols(c1) * w1[:, None, None, :].to(x.dtype)
+    return cols(c0) * w0[:, None, None, :].to(dtype) + cols(c1) * w1[:, None, None, :].to(dtype)
+
+
+def canvas_crops(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, size: int) -> torch.Tensor:
+    """Box i of canvas i (``boxes``: (top, left, height, width) in each image's own orientation, on the
+    batch's device) resized to size×size, float in [0, 255]; a transposed image's crop is turned back."""
+    out = resized_crops(images, canvas.canvas_boxes(boxes, flip), (size, size))
+    return torch.where(flip[:, None, None, None], out.transpose(2, 3), out)
+
+
+def whole_image_crops(images: torch.Tensor, size: int, crop_min: float) -> torch.Tensor:
+    """The training crop of each canvas (data/canvas.py): torchvision's RandomResizedCrop(size, (crop_min, 1))
+    over the whole stored image, float in [0, 1].  Its uniforms come from torch's global generator on the
+    CPU (the augment stream, as kornia's samplers draw) and the boxes are computed on the batch's device
+    from the canvases' headers: no host read."""
+    h, w, flip = canvas.stored_sizes(images)
+    u = to_device(torch.rand(images.shape[0], 2 * canvas.ATTEMPTS + 2), images.device)
+    boxes = canvas.random_boxes(*canvas.oriented(h, w, flip), u, (crop_min, 1.0))
+    return canvas_crops(images, boxes, flip, size).div_(255.0)
+
+
+def centre_views(images: torch.Tensor, size: int, chunk: int = 256) -> torch.Tensor:
+    """The evaluation's uint8 view of each canvas: its stored image resized to the stored short side and
+    centre-cropped to size×size (data/canvas.py ``centre_boxes``), in chunks (the crops' rows are float).
+    A batch at the training size is returned as it is."""
+    if not canvas.is_canvas(images, size):
+        return images
+    short = images.shape[-2] - 1
+    out = torch.empty((images.shape[0], images.shape[1], size, size), dtype=torch.uint8, device=images.device)
+    for start in range(0, images.shape[0], chunk):
+        part = images[start:start + chunk]
+        h, w, flip = canvas.stored_sizes(part)
+        crops = canvas_crops(part, canvas.centre_boxes(*canvas.oriented(h, w, flip), short, size), flip, size)
+        out[start:start + chunk] = crops.round_().clamp_(0, 255).to(torch.uint8)
+    return out
 
 
 def _random_resized_crop(size: int, crop_min: float):
     """kornia's RandomResizedCrop (its parameters, from the same random draws), cropping the batch in one go:
-    kornia slices and resizes image by image, which was most of the augmentation's time on CPU."""
+    kornia slices and resizes image by image, which dominates the augmentation's time on CPU
+    (benchmarks/RESULTS.md, "Performance: the faster step")."""
     import kornia.augmentation as K
 
     class BatchedRandomResizedCrop(K.RandomResizedCrop):
@@ -91,7 +131,9 @@ def _random_resized_crop(size: int, crop_min: float):
 
 
 def _view(preset: str, size: int, channels: int, crop_min: float, jitter: float, sigma_max: float,
-          blur_p: float, solarize_p: float) -> nn.Module:
+          blur_p: float, solarize_p: float) -> tuple[nn.Module, nn.Module]:
+    """(the view of a batch at the training size, what follows the crop on a canvas batch's whole-image
+    crops): the same modules after the first."""
     import kornia.augmentation as K
 
     ops: list[nn.Module] = []
@@ -106,11 +148,14 @@ def _view(preset: str, size: int, channels: int, crop_min: float, jitter: float,
         ops.append(K.RandomGaussianBlur((k, k), (0.1, sigma_max), p=blur_p))
     if solarize_p > 0:
         ops.append(K.RandomSolarize(thresholds=0.0, additions=0.0, p=solarize_p))
-    return K.AugmentationSequential(*ops) if ops else nn.Identity()
+    if not ops:
+        return nn.Identity(), nn.Identity()
+    return K.AugmentationSequential(*ops), K.AugmentationSequential(*ops[1:])
 
 
 class TwoViews(nn.Module):
-    """uint8 N×C×H×W -> two normalised float views (query view, key view).
+    """uint8 N×C×H×W -> two normalised float views (query view, key view).  A batch of whole-image
+    canvases (data/canvas.py) is cropped from each whole stored image, at the reference's rate.
 
     ``mocov3`` is asymmetric (blur 1.0 / 0.1, solarize 0 / 0.2); the others
     draw both views from the same distribution.
@@ -124,12 +169,13 @@ class TwoViews(nn.Module):
         common = dict(preset=preset, size=size, channels=channels, crop_min=crop_min, jitter=jitter,
                       sigma_max=blur_sigma_max)
         if preset == "mocov3":
-            self.view_q = _view(**common, blur_p=1.0, solarize_p=0.0)
-            self.view_k = _view(**common, blur_p=0.1, solarize_p=0.2)
+            self.view_q, self.after_crop_q = _view(**common, blur_p=1.0, solarize_p=0.0)
+            self.view_k, self.after_crop_k = _view(**common, blur_p=0.1, solarize_p=0.2)
         else:
             blur = 0.5 if preset == "mocov2" else 0.0
-            self.view_q = _view(**common, blur_p=blur, solarize_p=0.0)
-            self.view_k = _view(**common, blur_p=blur, solarize_p=0.0)
+            self.view_q, self.after_crop_q = _view(**common, blur_p=blur, solarize_p=0.0)
+            self.view_k, self.after_crop_k = _view(**common, blur_p=blur, solarize_p=0.0)
+        self.preset, self.size, self.crop_min = preset, size, crop_min
         self.normalise = Normalise(channels)
 
     def _apply(self, fn, *args, **kwargs):
@@ -143,8 +189,18 @@ class TwoViews(nn.Module):
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if canvas.is_canvas(images, self.size):  # whole stored images (imagefolder, parquet): data/canvas.py
+            return (self.normalise(self._from_canvas(images, self.after_crop_q)),
+                    self.normalise(self._from_canvas(images, self.after_crop_k)))
         x = to_float(images)
         return self.normalise(self.view_q(x)), self.normalise(self.view_k(x))
+
+    def _from_canvas(self, images: torch.Tensor, after_crop: nn.Module) -> torch.Tensor:
+        """One view of a canvas batch: the crop drawn over each whole image, then the rest of the view;
+        ``none`` (no crop) takes the evaluation's centre crop."""
+        if self.preset == "none":
+            return to_float(centre_views(images, self.size))
+        return after_crop(whole_image_crops(images, self.size, self.crop_min))
 
 
 class Normalise(nn.Module):

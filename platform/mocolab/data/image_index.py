@@ -11,11 +11,12 @@ Two sources hold large sets:
   ``<file>#<row group>#<row in group>``. Building the index reads the label
   column and the footers only.
 
-``decode`` turns a list of references into one uint8 batch at the preset's
-size (shorter side resized, centre crop) and says which could not be decoded;
-both loaders decode through it, so they give the same pixels. A JPEG much
-larger than the target is decoded at reduced scale (``dct_scale``). Pure
-Python and torch: no Ray here.
+``decode`` turns a list of references into one uint8 batch of whole-image
+canvases (data/canvas.py: each image at the stated shorter side, aspect kept,
+its size in a header row) and says which could not be decoded; both loaders
+decode through it, so they give the same pixels. A JPEG much larger than the
+stored size is decoded at reduced scale (``dct_scale``). Pure Python and
+torch: no Ray here.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import numpy as np
 import torch
 
 from mocolab.config.image_folders import IMAGE_EXTENSIONS, class_dirs, image_files
-from mocolab.data.decode import resize_uint8, to_uint8
+from mocolab.data.canvas import StoreLayout, as_layout, place
+from mocolab.data.decode import to_uint8
 
 PARQUET_COLUMNS = ("image", "label")
 CLASSES_KEY = b"mocolab.classes"
@@ -61,9 +63,9 @@ class ImageIndex:
         """``training/n01440764/x.jpg``, ``training/part-0.parquet#0#3``: a reference as a report names it."""
         return os.path.relpath(ref, self.root) if self.root else ref
 
-    def decoded_bytes(self) -> int:
-        """What holding the whole split decoded as uint8 would take."""
-        return len(self) * self.channels * self.image_size ** 2
+    def decoded_bytes(self, layout: StoreLayout | None = None) -> int:
+        """What holding the whole split decoded as uint8 would take: a canvas per image (data/canvas.py)."""
+        return len(self) * (layout or StoreLayout.derived(self.image_size)).image_bytes(self.channels)
 
 
 def split_folder(root: Path, split: str) -> Path:
@@ -137,43 +139,37 @@ def build_index(name: str, root: str, split: str, image_size: int) -> ImageIndex
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 DCT_SCALES = (8, 4, 2)  # the reductions libjpeg decodes to directly, from the coefficients
-Decoder = Callable[[bytes, int], torch.Tensor]
+Decoder = Callable[[bytes, StoreLayout], torch.Tensor]
 
 
 def _buffer(data: bytes | np.ndarray | torch.Tensor) -> torch.Tensor:
     return data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _cover(w: int, h: int, size: int) -> tuple[int, int]:
-    """(width, height) with the shorter side at ``size`` and the aspect ratio kept: what the centre crop cuts."""
-    scale = size / min(h, w)
-    return max(size, round(w * scale)), max(size, round(h * scale))
-
-
-def dct_scale(w: int, h: int, size: int) -> int:
-    """How much smaller than stored a JPEG of w×h may be decoded and still cover ``size``: 8, 4, 2 or 1.
+def dct_scale(w: int, h: int, need_w: int, need_h: int) -> int:
+    """How much smaller than stored a JPEG of w×h may be decoded and still cover need_w×need_h: 8, 4, 2 or 1.
 
     libjpeg then skips most of the inverse DCT and the colour conversion of the pixels the resize
-    would throw away (a 500×375 file decodes to 125×94 for 64 px), and the decoded image still covers
-    the target, so the resize that follows only shrinks it."""
-    cover_w, cover_h = _cover(w, h, size)
-    fits = min(w // cover_w, h // cover_h)
+    would throw away (a 500×375 file stored at 85×64 decodes to 125×94), and the decoded image still
+    covers the target, so the resize that follows only shrinks it."""
+    fits = min(w // need_w, h // need_h)
     return next((s for s in DCT_SCALES if s <= fits), 1)
 
 
-def _decode_jpeg(data: bytes, size: int) -> torch.Tensor:
-    """A JPEG at the smallest DCT scale that still covers ``size``; at full size through torchvision's
-    decoder (the faster of the two there) when no reduction fits."""
+def _decode_jpeg(data: bytes, layout: StoreLayout) -> tuple[torch.Tensor, tuple[int, int]]:
+    """A JPEG at the smallest DCT scale that still covers its stored size, and that size (from the file's
+    own); at full size through torchvision's decoder (the faster of the two there) when no reduction fits."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:  # reads the header only
         w, h = im.size
-        scale = dct_scale(w, h, size)
+        stored = layout.stored_size(h, w)
+        scale = dct_scale(w, h, stored[1], stored[0])
         if scale > 1:
             im.draft("RGB", (-(-w // scale), -(-h // scale)))
             arr = np.array(im.convert("RGB"))  # a writable copy, as torch.from_numpy wants
-            return torch.from_numpy(arr).permute(2, 0, 1)  # 3×H×W over H×W×3 memory: the uint8 resize's fast case
-    return _decode_full(data)
+            return torch.from_numpy(arr).permute(2, 0, 1), stored  # 3×H×W over H×W×3: the uint8 resize's fast case
+    return _decode_full(data), stored
 
 
 def _decode_full(data: bytes | np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -187,37 +183,38 @@ def _decode_full(data: bytes | np.ndarray | torch.Tensor) -> torch.Tensor:
     return to_uint8(img)
 
 
-def _cover_crop(img: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 C×H×W to C×size×size: shorter side resized (bilinear, antialiased, on uint8), centre crop."""
-    h, w = img.shape[-2:]
-    cover_w, cover_h = _cover(w, h, size)
-    if (cover_h, cover_w) != (h, w):
-        img = torch.nn.functional.interpolate(img.unsqueeze(0), size=(cover_h, cover_w), mode="bilinear",
-                                              align_corners=False, antialias=True)[0]
-    top, left = (cover_h - size) // 2, (cover_w - size) // 2
-    return img[:, top:top + size, left:left + size].contiguous()
+def decode_bytes(data: bytes | np.ndarray | torch.Tensor, layout: StoreLayout | int) -> torch.Tensor:
+    """One encoded image as its uint8 canvas (data/canvas.py: the whole image at the layout's stored size):
+    the decoder both loaders use. ``layout``: a training size stands for its derived layout.
 
-
-def decode_bytes(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
-    """One encoded image as uint8 3×size×size (shorter side resized, centre crop): the decoder both loaders use.
-
-    A JPEG at least twice the target on its shorter side is decoded at reduced scale (``dct_scale``);
-    the rest at full size. The resize runs on uint8 (torch's vectorised kernel), not on a float copy.
+    A JPEG at least twice its stored size is decoded at reduced scale (``dct_scale``); the rest at full
+    size. The resize runs on uint8 (torch's vectorised kernel), not on a float copy.
     Raises what the codec raises for bytes it cannot read (truncated, empty, not an image)."""
+    layout = as_layout(layout)
     raw = bytes(data.numpy()) if isinstance(data, torch.Tensor) else bytes(data)
-    return _cover_crop(_decode_jpeg(raw, size) if raw[:3] == JPEG_MAGIC else _decode_full(raw), size)
+    if raw[:3] == JPEG_MAGIC:
+        img, stored = _decode_jpeg(raw, layout)
+        return place(img, layout, stored)
+    return place(_decode_full(raw), layout)
 
 
-def decode_bytes_full(data: bytes | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+def decode_bytes_full(data: bytes | np.ndarray | torch.Tensor, layout: StoreLayout | int) -> torch.Tensor:
     """As ``decode_bytes``, every image decoded at full size and resized in float: slower, and the
     reference the fast decoder is held to (tests) and timed against (benchmarks/stream_decode.py)."""
-    return resize_uint8(_decode_full(data).unsqueeze(0), size)[0]
+    layout = as_layout(layout)
+    img = _decode_full(data)
+    stored = layout.stored_size(*img.shape[-2:])
+    if stored != tuple(img.shape[-2:]):
+        img = torch.nn.functional.interpolate(img.unsqueeze(0).float(), size=stored, mode="bilinear",
+                                              align_corners=False, antialias=True)[0]
+        img = img.round_().clamp_(0, 255).to(torch.uint8)
+    return place(img, layout)
 
 
-def decode_file(path: str, size: int, decoder: Decoder = decode_bytes) -> torch.Tensor:
-    """One image file as uint8 3×size×size; raises what reading or the codec raises for a file it cannot read."""
+def decode_file(path: str, layout: StoreLayout | int, decoder: Decoder = decode_bytes) -> torch.Tensor:
+    """One image file as its uint8 canvas; raises what reading or the codec raises for a file it cannot read."""
     with open(path, "rb") as fh:
-        return decoder(fh.read(), size)
+        return decoder(fh.read(), as_layout(layout))
 
 
 def _encoded(refs: Sequence[str]) -> Iterator[tuple[int, bytes | None]]:
@@ -245,14 +242,16 @@ def _encoded(refs: Sequence[str]) -> Iterator[tuple[int, bytes | None]]:
                 yield i, column[row].as_py()
 
 
-def decode(refs: Sequence[str], size: int, decoder: Decoder = decode_bytes,
+def decode(refs: Sequence[str], layout: StoreLayout | int, decoder: Decoder = decode_bytes,
            threads: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 len(refs)×3×size×size in the order of ``refs``, and a bool mask of those that could not be read
-    or decoded (zeros there): the caller decides what stands in for them (data.fill_unreadable).
+    """The canvases of ``refs`` (uint8 len(refs)×3×H×W, data/canvas.py; ``layout``: a training size stands for
+    its derived layout) in their order, and a bool mask of those that could not be read or decoded (zeros
+    there, header included): the caller decides what stands in for them (data.fill_unreadable).
 
     ``threads`` > 1 decodes on a thread pool (the codecs and the resize release the GIL): the in-memory
     loader, which decodes a whole split in one process."""
-    out = torch.zeros(len(refs), 3, size, size, dtype=torch.uint8)
+    layout = as_layout(layout)
+    out = torch.zeros(len(refs), 3, *layout.canvas_hw, dtype=torch.uint8)
     bad = torch.zeros(len(refs), dtype=torch.bool)
 
     def one(item: tuple[int, bytes | None]) -> None:
@@ -260,7 +259,7 @@ def decode(refs: Sequence[str], size: int, decoder: Decoder = decode_bytes,
         try:
             if data is None:
                 raise OSError("unreadable file")
-            out[i] = decoder(data, size)
+            out[i] = decoder(data, layout)
         except Exception:  # noqa: BLE001 - a damaged file is counted and reported by the caller, not fatal here
             bad[i] = True
 

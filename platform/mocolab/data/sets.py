@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mocolab.config.image_folders import IMAGE_EXTENSIONS
+from mocolab.data.canvas import StoreLayout
 from mocolab.data.image_index import build_index, decode
 from mocolab.data.decode import resize_uint8
 
@@ -82,6 +83,9 @@ class ImageDataset:
     classes: int
     name: str
     skipped: tuple[str, ...] = ()  # files the loader could not decode (imagefolder, parquet), in file order
+    # imagefolder and parquet: the images are whole-image canvases (data/canvas.py) and this is the side of the
+    # views cut from them (training crops, the evaluation's centre crop); 0: the images are the views
+    view_size: int = 0
 
     def __post_init__(self) -> None:
         # Checked here once so every consumer (augmentation, all_gather, kNN
@@ -174,7 +178,7 @@ def _fashion_mnist_candidates(root: str | os.PathLike[str] | None) -> list[Path]
         if env:
             bases.append(Path(env).expanduser())
     bases.extend(Path(p) for p in SYSTEM_FASHION_MNIST_DIRS)
-    # Where an earlier torchvision download landed (when $MOCOLAB_DATA is unset).
+    # The default data root (when $MOCOLAB_DATA is unset): a set downloaded there once is found again.
     bases.append(default_data_root())
 
     candidates: list[Path] = []
@@ -391,12 +395,13 @@ def _require_dir(path: Path, what: str) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_indexed_cached(name: str, root: str, split: str, image_size: int) -> ImageDataset:
-    """An imagefolder or parquet split decoded whole: the file index and the decoder the streaming loader
-    uses (data/image_index.py), every file in its place; an unreadable one is a zero row with a negative label
-    (``unreadable_label``), reported here and by the run (data/sources.py), never silently dropped."""
-    index = build_index(name, root, split, image_size)
-    images, bad = decode(index.refs, image_size, threads=torch.get_num_threads())
+def _load_indexed_cached(name: str, root: str, split: str, layout: StoreLayout) -> ImageDataset:
+    """An imagefolder or parquet split decoded whole, each image on its canvas (data/canvas.py): the file
+    index and the decoder the streaming loader uses (data/image_index.py), every file in its place; an
+    unreadable one is a zero row with a negative label (``unreadable_label``), reported here and by the run
+    (data/sources.py), never silently dropped."""
+    index = build_index(name, root, split, layout.view)
+    images, bad = decode(index.refs, layout, threads=torch.get_num_threads())
     skipped = [index.short_name(index.refs[i]) for i in bad.nonzero().flatten().tolist()]
     labels = torch.from_numpy(index.labels.copy())
     labels[bad] = torch.tensor([unreadable_label(k) for k in range(len(skipped))], dtype=torch.int64)
@@ -406,7 +411,8 @@ def _load_indexed_cached(name: str, root: str, split: str, image_size: int) -> I
                          f"{skipped_message(skipped)}")
     if skipped:
         warnings.warn(f"data.root: {name} {root!r} ({index.folder}/): {skipped_message(skipped)}", stacklevel=2)
-    return ImageDataset(images=images, labels=labels, classes=index.classes, name=name, skipped=tuple(skipped))
+    return ImageDataset(images=images, labels=labels, classes=index.classes, name=name, skipped=tuple(skipped),
+                        view_size=layout.view)
 
 
 def skipped_message(skipped: list[str] | tuple[str, ...], show: int = 3) -> str:
@@ -475,6 +481,8 @@ def load_dataset(
     synthetic_size: int = 2048,
     image_size: int | None = None,
     seed: int = 0,
+    store_short_side: int = 0,
+    store_max_side: int = 0,
 ) -> ImageDataset:
     """Decode a whole split into one uint8 tensor, once per process.
 
@@ -484,11 +492,13 @@ def load_dataset(
       root (``stl10`` ``train`` is the labelled 5,000-image split).
     - ``imagefolder``: ``root`` is ImageNet-style (``training/<class>/*``,
       ``val/<class>/*``; split ``test`` reads ``val/`` when there is no
-      ``test/``). Images are decoded to RGB and resized (shorter side, then a
-      centre crop) to ``image_size`` (default 64). ``parquet``: the same from
-      rows of ``root/<split>/*.parquet``. A file that cannot be decoded keeps
-      its row, zeros with a negative label (``unreadable_label``), and is named
-      in ``skipped``.
+      ``test/``). Images are decoded to RGB and stored whole on canvases
+      (data/canvas.py) for crops of ``image_size`` (default 64): shorter side
+      at ``store_short_side``, longer side at most ``store_max_side`` (0: derived,
+      ``DataConfig.store_sides``). ``parquet``: the same from rows of
+      ``root/<split>/*.parquet``. A file that cannot be decoded keeps its row,
+      zeros with a negative label (``unreadable_label``), and is named in
+      ``skipped``.
     - ``synthetic``: generated from ``seed`` (the test split uses a different
       stream and a quarter of ``synthetic_size``), for tests and smoke runs.
 
@@ -501,6 +511,9 @@ def load_dataset(
     if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"data.image_size must be a positive integer or None, got {image_size!r}")
 
+    if (store_short_side or store_max_side) and name not in ("imagefolder", "parquet"):
+        raise ValueError(f"data.store_short_side / store_max_side: apply to imagefolder and parquet sets; "
+                         f"{name!r} is stored at data.image_size: leave them 0")
     if name == "synthetic":
         if isinstance(synthetic_size, bool) or not isinstance(synthetic_size, int) or synthetic_size < 4:
             raise ValueError(f"data.synthetic_size must be >= 4, got {synthetic_size!r}")
@@ -509,17 +522,11 @@ def load_dataset(
         # split is another seed's train split.
         return _synthetic(n, image_size or SYNTHETIC_SIZE, 2 * seed + (split == "test"))
 
-    if name == "imagefolder":
+    if name in ("imagefolder", "parquet"):
         check_readable(name, None if root is None else str(root))
         assert root is not None  # check_readable raised otherwise
-        return _load_indexed_cached(name, str(Path(root).expanduser().resolve()), split,
-                                    image_size or DEFAULT_IMAGEFOLDER_SIZE)
-
-    if name == "parquet":
-        check_readable(name, None if root is None else str(root))
-        assert root is not None
-        return _load_indexed_cached(name, str(Path(root).expanduser().resolve()), split,
-                                    image_size or DEFAULT_IMAGEFOLDER_SIZE)
+        layout = StoreLayout.derived(image_size or DEFAULT_IMAGEFOLDER_SIZE, store_short_side, store_max_side)
+        return _load_indexed_cached(name, str(Path(root).expanduser().resolve()), split, layout)
 
     if root is not None:
         check_readable(name, str(root))

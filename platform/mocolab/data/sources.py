@@ -18,7 +18,7 @@ the damage found passes the bound while streaming.
 ``data.loader=auto`` picks memory when the decoded training set fits
 ``data.memory_budget_mb`` per worker (default 4096 MiB: a laptop's worker
 holds Fashion-MNIST, 47 MB, or CIFAR-10, 154 MB, with room to spare; ImageNet
-at 224 px, 193 GB, streams), else streams. Only ``imagefolder`` and
+stored whole for 224 px crops, 471 GiB of canvases, streams), else streams. Only ``imagefolder`` and
 ``parquet`` can stream: the other sets are small and arrive as one file.
 """
 
@@ -32,6 +32,8 @@ import numpy as np
 import torch
 
 from mocolab.data import sets as datasets
+from mocolab.data.augment import centre_views
+from mocolab.data.canvas import StoreLayout
 from mocolab.config.choices import LOADERS, STREAMABLE  # noqa: F401  (data.loader: config/choices.py)
 from mocolab.config import DataConfig
 
@@ -140,6 +142,8 @@ class TrainSource(Protocol):
 
     def images_at(self, index: torch.Tensor) -> torch.Tensor: ...
 
+    def labels_at(self, index: torch.Tensor) -> torch.Tensor: ...
+
     def eval_split(self, split: str, n: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def describe_eval(self, split: str, n: int | None) -> str: ...
@@ -192,8 +196,10 @@ class LoaderChoice:
 
 
 def choose_loader(name: str, loader: str, images: int | None, image_size: int, channels: int,
-                  budget_mb: int) -> LoaderChoice:
-    """``data.loader`` resolved: an explicit choice is checked, ``auto`` compares the decoded size to the budget."""
+                  budget_mb: int, layout: StoreLayout | None = None) -> LoaderChoice:
+    """``data.loader`` resolved: an explicit choice is checked, ``auto`` compares the decoded size to the budget.
+    A streamable set is held as whole-image canvases (data/canvas.py: ``layout``, else the one derived from
+    ``image_size``), and that is what is counted."""
     if loader == "stream" and name not in STREAMABLE:
         raise ValueError(f"data.loader: 'stream' reads {' or '.join(STREAMABLE)} sets; {name!r} is decoded "
                          f"into memory (use data.loader=memory or auto)")
@@ -201,10 +207,13 @@ def choose_loader(name: str, loader: str, images: int | None, image_size: int, c
         return LoaderChoice(loader, f"data.loader={loader}")
     if name not in STREAMABLE or images is None:
         return LoaderChoice("memory", f"data.loader=auto: {name} is held in memory")
-    need = images * channels * image_size ** 2 / 2 ** 20
+    layout = layout or StoreLayout.derived(image_size)
+    need = images * layout.image_bytes(channels) / 2 ** 20
     pick = "memory" if need <= budget_mb else "stream"
     sign = "<=" if pick == "memory" else ">"
-    return LoaderChoice(pick, f"data.loader=auto: {images:,} images x {channels}x{image_size}x{image_size} = "
+    h, w = layout.canvas_hw
+    return LoaderChoice(pick, f"data.loader=auto: {images:,} images x {channels}x{h}x{w} (stored whole: "
+                              f"data.store_short_side={layout.short}, store_max_side={layout.longest}) = "
                               f"{need:,.0f} MiB decoded {sign} data.memory_budget_mb={budget_mb:,} -> {pick}")
 
 
@@ -241,10 +250,11 @@ class MemorySource:
         self.train, self.test, self.val = train, test, val
         self.splits = {"train": train, "test": test, **({"val": val} if val is not None else {})}
         # sets stored in class order take a fixed random subset (a prefix would hold the first classes only);
-        # the others are stored shuffled, and their prefix is what every earlier run measured
+        # the others are stored shuffled, so a prefix is already a random subset, and the same for every run
         self.random_subsets = train.name in STREAMABLE
         self.size, self.test_size, self.classes = len(train), len(test), train.classes
-        self.channels, self.image_size = train.images.shape[1], train.images.shape[-1]
+        # an indexed set's images are whole-image canvases: its views are cut at view_size (data/canvas.py)
+        self.channels, self.image_size = train.images.shape[1], train.view_size or train.images.shape[-1]
         self.kind = "in memory"
         self.unreadable = UnreadableFiles({split: len(ds) for split, ds in self.splits.items()}, max_bad_fraction)
         for split, ds in self.splits.items():
@@ -272,13 +282,17 @@ class MemorySource:
                  for part in index.split(EVAL_CHUNK)]
         return torch.cat(parts) if parts else self.train.images[index]
 
+    def labels_at(self, index):
+        """The training labels at these positions (below 0: an unreadable image), as the epochs index them."""
+        return self.train.labels[index.cpu()]
+
     def eval_split(self, split, n):
         """Unreadable images are left out: a stand-in would be scored under the label of a file never seen."""
         ds = self._split(split)
         if self.random_subsets:
             idx = torch.from_numpy(eval_order(len(ds), n))
             idx = idx[ds.labels[idx] >= 0]
-            yield ds.images[idx], ds.labels[idx]
+            yield centre_views(ds.images[idx], self.image_size), ds.labels[idx]  # canvases: the centre crop
             return
         n = len(ds) if n is None else min(n, len(ds))
         yield ds.images[:n], ds.labels[:n]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from mocolab.config import Config
@@ -16,7 +18,7 @@ def _subset(ds: datasets.ImageDataset, n: int | None) -> datasets.ImageDataset:
     if n is None or n >= len(ds):
         return ds
     idx = torch.from_numpy(subset_positions(len(ds), n)) if ds.name in STREAMABLE else slice(0, n)
-    return datasets.ImageDataset(ds.images[idx], ds.labels[idx], ds.classes, ds.name, ds.skipped)
+    return dataclasses.replace(ds, images=ds.images[idx], labels=ds.labels[idx])
 
 
 def hold_out(ds: datasets.ImageDataset, n: int) -> tuple[datasets.ImageDataset, datasets.ImageDataset | None]:
@@ -28,7 +30,7 @@ def hold_out(ds: datasets.ImageDataset, n: int) -> tuple[datasets.ImageDataset, 
     keep[held] = False
 
     def part(idx: torch.Tensor) -> datasets.ImageDataset:
-        return datasets.ImageDataset(ds.images[idx], ds.labels[idx], ds.classes, ds.name, ds.skipped)
+        return dataclasses.replace(ds, images=ds.images[idx], labels=ds.labels[idx])
 
     return part(keep.nonzero().squeeze(1)), part(held)
 
@@ -37,7 +39,8 @@ def load_data(cfg: Config) -> tuple[datasets.ImageDataset, datasets.ImageDataset
     """(train, test, validation split or None) as the config asks: the validation split is held out of the
     whole training set, then ``data.subset`` is taken from what is left."""
     d = cfg.data
-    kwargs = dict(synthetic_size=d.synthetic_size, image_size=d.image_size, seed=cfg.run.seed)
+    kwargs = dict(synthetic_size=d.synthetic_size, image_size=d.image_size, seed=cfg.run.seed,
+                  store_short_side=d.store_short_side, store_max_side=d.store_max_side)
     train, val = hold_out(datasets.load_dataset(d.name, "train", d.root, **kwargs), d.val_size)
     test = datasets.load_dataset(d.name, "test", d.root, **kwargs)
     return _subset(train, d.subset), test, val

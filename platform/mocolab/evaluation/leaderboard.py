@@ -24,7 +24,9 @@ from mocolab.tracking.store import BASELINES_EXPERIMENT as BASELINES
 from mocolab.tracking import STATUS_TAG, Store, redact_uri, run_link, trials_frame
 from mocolab.evaluation.transfer import SOURCE_EXPERIMENT_TAG, SOURCE_RUN_TAG
 
-METRICS = ("linear_top1", "knn_top1")
+METRICS = ("linear_top1", "knn_top1", "linear_top1_1pct", "linear_top1_10pct", "knn20_top1")
+# Shown beside the ranked metric for every encoder that logged them (the low-label probes, the k = 20 kNN)
+BESIDE = {"linear_top1_1pct": "linear 1 %", "linear_top1_10pct": "linear 10 %", "knn20_top1": "kNN k=20"}
 # Shown for every encoder (what a reader compares encoders by), under these headings
 KEY_FIELDS = {"run.preset": "preset", "model.backbone": "backbone", "moco.version": "version", "moco.m": "m",
               "moco.tau": "tau", "queue.size": "K", "augment.preset": "augment", "optim.epochs": "epochs",
@@ -55,6 +57,7 @@ class Leaderboard:
             shown = pd.DataFrame({
                 "#": rows["rank"], self.metric: rows["score"].map(_pct), "random-init": rows["random_init"].map(_pct),
                 "raw pixels": rows["raw_pixels"].map(_pct), "Δ": rows["delta"].map(_delta),
+                **{BESIDE[m]: rows[m].map(_pct) for m in _shown_metrics(self.table, self.metric)},
                 "experiment": rows["experiment"], "run": rows["label"].astype(str).str.slice(0, 40),
                 "source run": [_source(r) for _, r in rows.iterrows()],
                 **{KEY_FIELDS[f]: rows[f"params.{f}"].map(_cell) for f in fields}})
@@ -74,6 +77,11 @@ def _source(row: pd.Series) -> str:
 
 def _shown_fields(table: pd.DataFrame) -> list[str]:
     return [f for f in KEY_FIELDS if f"params.{f}" in table and table[f"params.{f}"].notna().any()]
+
+
+def _shown_metrics(table: pd.DataFrame, ranked: str) -> list[str]:
+    """The ``BESIDE`` metrics some ranked encoder logged (a store of runs without them shows no empty column)."""
+    return [m for m in BESIDE if m != ranked and m in table and table[m].notna().any()]
 
 
 def _pct(x) -> str:
@@ -118,7 +126,7 @@ def build_leaderboard(metric: str = "linear_top1", *, top: int = 10, experiment:
 def _finished(store: Store, experiment_ids: list[str], metric: str):
     if not experiment_ids:
         return []
-    runs = store.client.search_runs(experiment_ids, "attributes.status = 'FINISHED'", max_results=50000)
+    runs = store.search_all(experiment_ids, "attributes.status = 'FINISHED'")
     return [r for r in runs if metric in r.data.metrics and r.data.tags.get(STATUS_TAG, "finished") == "finished"]
 
 
@@ -178,16 +186,17 @@ def write_leaderboard(board: Leaderboard, out: str | Path, ui_url: str = "http:/
     board.table.to_csv(out / "leaderboard.csv", index=False)
     sections = []
     fields = _shown_fields(board.table)
+    beside = _shown_metrics(board.table, board.metric) if not board.table.empty else []
     if not board.table.empty:
         for data, rows in board.table.groupby("data_name", sort=True):
             head = "".join(f"<th>{html.escape(h)}</th>" for h in
-                           ["#", board.metric, "random-init", "raw pixels", "Δ", "experiment", "run", "source run",
-                            *(KEY_FIELDS[f] for f in fields)])
+                           ["#", board.metric, "random-init", "raw pixels", "Δ", *(BESIDE[m] for m in beside),
+                            "experiment", "run", "source run", *(KEY_FIELDS[f] for f in fields)])
             body = []
             for _, r in rows.iterrows():
                 link = run_link(r["experiment_id"], r["run_id"], ui_url)
                 cells = [str(r["rank"]), _pct(r["score"]), _pct(r["random_init"]), _pct(r["raw_pixels"]),
-                         _delta(r["delta"]), str(r["experiment"])]
+                         _delta(r["delta"]), *(_pct(r[m]) for m in beside), str(r["experiment"])]
                 tds = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
                 tds += f'<td><a href="{html.escape(link)}">{html.escape(str(r["label"]))}</a></td>'
                 tds += f"<td>{html.escape(_source(r))}</td>"

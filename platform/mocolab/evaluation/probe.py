@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from mocolab.evaluation.precision import full_fp32
+
 __all__ = ["ProbeResult", "linear_probe"]  # stable (docs/api.md)
 
 
@@ -30,6 +32,7 @@ class ProbeResult:
         return float(((x @ self.weight + self.bias).argmax(1) == labels).double().mean())
 
 
+@full_fp32()
 def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                  test_labels: torch.Tensor, classes: int, *, weight_decay: float = 1e-4,
                  steps: int = 200, dtype: torch.dtype = torch.float32,
@@ -39,9 +42,10 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
     Standardising with the training mean/std makes one weight decay serve
     every encoder; L-BFGS from zeros has no randomness, so the probe is a
     deterministic function of the features.  The statistics are float64; the
-    fit runs in ``dtype``: float32 is about 7 % faster than float64 at cpu-quick;
-    its test top-1 stays within 7 of 10,000 images (benchmarks/eval_precision.py).  ``device``: where
-    the fit runs (the training GPU for a large set); the fitted probe comes back on the CPU.
+    fit runs in ``dtype``: float32 is cheaper than float64 and its test top-1 stays within a few images
+    (benchmarks/RESULTS.md, "Time to a result: what a trial spends besides training").  ``device``: where
+    the fit runs (the training GPU for a large set); the fitted probe comes back on the CPU.  The fit runs
+    in full float32 (``precision.full_fp32``), TF32 off, whatever training set.
     """
     device = torch.device(device) if device is not None else train_feats.device
     train_feats, test_feats = train_feats.to(device), test_feats.to(device)
@@ -49,7 +53,8 @@ def linear_probe(train_feats: torch.Tensor, train_labels: torch.Tensor, test_fea
     x = train_feats.double()
     mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
     # features as D×N: the gradient of the weights is then (K×N)·(N×D) over contiguous rows, where the
-    # N×D layout's Xᵀ·G ran 4-5x slower per L-BFGS evaluation on one CPU thread (benchmarks/trial_overhead.py)
+    # N×D layout's Xᵀ·G strides across rows (benchmarks/RESULTS.md, "Time to a result, second part: the
+    # evaluation, and Ray Train against torchrun")
     xs = ((x - mean) / std).to(dtype).T.contiguous()
     del x
     xt = ((test_feats.double() - mean) / std).to(dtype).T.contiguous()

@@ -112,7 +112,15 @@ def to_channels(images: torch.Tensor, channels: int) -> torch.Tensor:
 def score(encoder: SavedEncoder, cfg: Config, source=None,
           progress: Callable[[str], None] | None = print) -> TransferResult:
     """kNN top-1 and the linear probe of ``encoder`` on the data of ``cfg``, as ``evaluation.Evaluation`` scores
-    a run: one feature extraction, the kNN bank and the probe's training images prefixes of one list."""
+    a run: one feature extraction, the kNN bank and the probe's training images prefixes of one list, in full
+    float32 (``precision.full_fp32``)."""
+    from mocolab.evaluation.precision import full_fp32
+
+    with full_fp32():
+        return _score(encoder, cfg, source, progress)
+
+
+def _score(encoder: SavedEncoder, cfg: Config, source, progress: Callable[[str], None] | None) -> TransferResult:
     import torch
 
     from mocolab.evaluation.scoring import extract_features, scored_test_images

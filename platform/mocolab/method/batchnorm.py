@@ -32,7 +32,20 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         if groups < 1:
             raise ValueError(f"groups: {groups} must be >= 1")
         self.groups = groups
-        self.per_group_kernels = True  # False: the transposing path on CPU too (tests, benchmarks/step_ab.py)
+
+    @staticmethod
+    def _kernel(x: torch.Tensor):
+        """Which groups, computed how, without copying the activations.  On the CPU: contiguous slices of
+        the batch, torch's own kernels on each (its fp32 kernel would accumulate in float64, far slower:
+        ``_float_batch_norm``).  On a GPU: an NCHW batch is viewed with its groups side by side as channels,
+        strided across the batch as in the MoCo reference (group j: samples j, j+G, ...), one cuDNN call and no copy; a
+        channels_last batch cannot be viewed so, and takes the per-slice kernels (no copy forward; backward,
+        torch's out= variant copies each slice's input gradient once).  Strided and contiguous
+        groups are the same partition of a permuted batch, and the batch order is random (the data order, and
+        the key batch's shuffle), so both are split BN; tests/method/test_norm.py holds them equal."""
+        if x.device.type == "cpu" or x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            return _GroupBatchNorm.apply
+        return _strided_batch_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.groups == 1:
@@ -43,11 +56,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
             raise ValueError(f"batch of {n} is not divisible into {g} BN groups")
         running_mean = self.running_mean.repeat(g).view(g, c)
         running_var = self.running_var.repeat(g).view(g, c)
-        # CPU: torch's kernels on each contiguous group; GPUs: one cuDNN call over a transposed copy
-        kernel = _GroupBatchNorm.apply if x.device.type == "cpu" and self.per_group_kernels else _transposed_batch_norm
-        out = kernel(x, self.weight, self.bias, running_mean, running_var, g, self.momentum, self.eps)
-        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-            out = out.contiguous(memory_format=torch.channels_last)  # the next convolution's layout, kept
+        out = self._kernel(x)(x, self.weight, self.bias, running_mean, running_var, g, self.momentum, self.eps)
         with torch.no_grad():
             self.running_mean.copy_(running_mean.mean(0))
             self.running_var.copy_(running_var.mean(0))
@@ -55,17 +64,18 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         return out
 
 
-def _transposed_batch_norm(x, weight, bias, running_mean, running_var, groups: int, momentum: float,
-                           eps: float) -> torch.Tensor:
-    """The groups side by side as channels, N×C×H×W -> (N/G)×(G·C)×H×W, in one batch-norm call: two copies
-    of the batch, which cost little on a GPU and a tenth of a CPU step (so the CPU uses _GroupBatchNorm)."""
+def _strided_batch_norm(x, weight, bias, running_mean, running_var, groups: int, momentum: float,
+                        eps: float) -> torch.Tensor:
+    """Training-mode batch-norm of G strided groups (sample i in group i mod G) of an NCHW-contiguous batch:
+    N×C×H×W viewed as (N/G)×(G·C)×H×W, where channel j·C + c holds channel c of group j.  Views both ways, so
+    neither forward nor backward copies an activation; row j of ``running_mean``/``running_var`` (G×C) is
+    group j's."""
     n, c, h, w = x.shape
     g = groups
-    xg = x.view(g, n // g, c, h, w).transpose(0, 1).reshape(n // g, g * c, h, w)
-    out = F.batch_norm(xg, running_mean.view(-1), running_var.view(-1),
+    out = F.batch_norm(x.view(n // g, g * c, h, w), running_mean.view(-1), running_var.view(-1),
                        None if weight is None else weight.repeat(g), None if bias is None else bias.repeat(g),
                        True, momentum, eps)
-    return out.view(n // g, g, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+    return out.view(n, c, h, w)
 
 
 class _GroupBatchNorm(torch.autograd.Function):
@@ -80,14 +90,15 @@ class _GroupBatchNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, groups: int, momentum: float, eps: float):
-        x = x.contiguous()
+        cpu = x.device.type == "cpu"
+        x = x.contiguous() if cpu else x  # a GPU's channels_last batch: each slice is contiguous as it is
         ref = weight if weight is not None else running_mean
         stats = ref.dtype if ref is not None else x.dtype  # what native_batch_norm keeps its statistics in
         out = torch.empty_like(x)
         means = torch.empty(groups, x.shape[1], dtype=stats, device=x.device)
         invstds = torch.empty_like(means)
         for j, (xj, oj) in enumerate(zip(x.chunk(groups), out.chunk(groups))):
-            if x.dtype == torch.float32:  # (this Function runs on CPU only)
+            if x.dtype == torch.float32 and cpu:
                 _float_batch_norm(xj, weight, bias, running_mean[j], running_var[j], momentum, eps, oj,
                                   means[j], invstds[j])
             else:
@@ -100,7 +111,8 @@ class _GroupBatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight, means, invstds = ctx.saved_tensors
-        grad = grad.contiguous()
+        layout = torch.contiguous_format if x.is_contiguous() else torch.channels_last
+        grad = grad.contiguous(memory_format=layout)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = torch.empty_like(x) if need_x else None
         grad_w = grad_b = None
@@ -109,7 +121,8 @@ class _GroupBatchNorm(torch.autograd.Function):
         for j, (xj, gj, part) in enumerate(zip(x.chunk(ctx.groups), grad.chunk(ctx.groups), parts)):
             args = (gj, xj, weight, None, None, means[j], invstds[j], True, ctx.eps, mask)
             if all(mask):  # straight into this slice of grad_x
-                gw, gb = torch.empty(0, dtype=means.dtype), torch.empty(0, dtype=means.dtype)
+                gw = torch.empty(0, dtype=means.dtype, device=x.device)
+                gb = torch.empty(0, dtype=means.dtype, device=x.device)
                 torch.ops.aten.native_batch_norm_backward.out(*args, out0=part, out1=gw, out2=gb)
             else:  # the .out variant wants every output (an affine-free layer has no weight gradient)
                 gx, gw, gb = torch.ops.aten.native_batch_norm_backward(*args)
@@ -126,9 +139,9 @@ def _float_batch_norm(x, weight, bias, running_mean, running_var, momentum: floa
                       save_invstd) -> None:
     """Training-mode batch-norm of float32 ``x`` on CPU, into ``out``: what ``native_batch_norm`` computes.
 
-    torch's CPU kernel accumulates float32 statistics in float64, which runs at
-    a fifth of the bfloat16 kernel's speed (it was a tenth of an fp32 cpu-quick
-    step).  Here the two-pass mean and biased variance are float32 sums
+    torch's CPU kernel accumulates float32 statistics in float64, far slower than
+    its bfloat16 kernel (benchmarks/RESULTS.md, "Performance: the faster
+    step").  Here the two-pass mean and biased variance are float32 sums
     (cascaded, so accurate to float32 rounding), torch's eval-mode kernel
     normalises with them, and the running statistics take the unbiased
     variance, as in training mode.  The saved mean and 1/std feed torch's own

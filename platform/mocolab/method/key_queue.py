@@ -22,6 +22,7 @@ from torch import nn
 
 from mocolab.config.choices import QUEUE_POLICIES as POLICIES  # noqa: F401  (queue.policy: config/choices.py)
 from mocolab.method.losses import fused_queue_info_nce
+from mocolab.method.async_copy import to_device
 
 __all__ = ["KeyQueue", "KeySnapshot"]  # stable (docs/api.md); the rest is internal
 
@@ -108,7 +109,7 @@ class KeyQueue(WrittenAges, nn.Module):
             self.slot_generator.set_state(state["slot_generator"])
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # checkpoints from before ``source`` existed: their keys' images are unknown (-1)
+        # a checkpoint without ``source`` loads with its keys' images unknown (-1)
         state_dict.setdefault(prefix + "source", torch.full_like(self.source, -1))
         state_dict.setdefault(prefix + "_extra_state", {})
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
@@ -131,10 +132,10 @@ class KeyQueue(WrittenAges, nn.Module):
         if b != self.enqueue_batch:
             raise ValueError(f"enqueue got {b} keys; the queue was built for batches of {self.enqueue_batch}")
         slots, advance = self._slots_to_write(b)
-        at = slots.to(self.keys.device, non_blocking=True)
+        at = to_device(slots, self.keys.device)
         self.keys[at] = keys.detach().to(self.keys.dtype)
         self.write_step[at] = step
-        self.source[at] = index.to(self.source.device, non_blocking=True) if index is not None else -1
+        self.source[at] = to_device(index, self.source.device) if index is not None else -1
         if advance:
             self._ptr = (self._ptr + b) % self.slots
             self._full = self._full or self._ptr == 0

@@ -127,7 +127,8 @@ class _QueueInfoNCE(torch.autograd.Function):
 
     The definition walks the N×K matrix a dozen times (copy of the keys, the
     product, concatenation, division, log-softmax, arg-max, and as many again
-    backward): at K = 16,384 that was a tenth of a cpu-quick step.  Here the
+    backward), a cost that grows with K and takes a large share of a CPU step
+    (benchmarks/RESULTS.md, "Performance: the faster step").  Here the
     logits are exponentiated in place and the query gradient is formed in the
     forward pass, while the keys are the ones the logits were computed against;
     backward reads nothing but that gradient, so the keys need no copy and may

@@ -262,3 +262,38 @@ class MoCoV3(MoCo):
         loss21, c21 = self.contrast(q2, k1)
         self.step += 1
         return MethodOutput(loss12 + loss21, torch.cat([c12, c21]), k2)
+
+
+class BatchKeysMoCo(MoCoV3):
+    """``moco.negatives=batch_keys``: MoCo v2 without its queue, a one-change control.
+
+    v2's encoder and head (no predictor) and its EMA key encoder, both views as queries, each query's positive
+    the key of its image's other view and its negatives the other B·W − 1 keys of that view in the global batch;
+    the two directions averaged, as the symmetric queue arm averages them (``moco.symmetric``).  Against that
+    arm it changes only where the negatives come from (this step's keys, not the queue's K); against
+    ``in_batch`` (NT-Xent) only the encoder that makes them (the EMA key encoder, no gradient, not the encoder
+    being trained).  The loss is plain InfoNCE (v3 scales each direction by 2τ).
+    """
+
+    negatives = "batch_keys"
+
+    @classmethod
+    def from_config(cls, cfg: Config, parts: MethodParts) -> BatchKeysMoCo:
+        return cls(parts.encoder(predictor=False), m=cfg.moco.m, tau=cfg.moco.tau, shuffler=_key_shuffler(cfg),
+                   encoder_dtype=parts.encoder_dtype)
+
+    def describe(self, global_batch: int) -> str:
+        return f"no queue: the other {global_batch - 1} keys of the global batch, symmetric loss"
+
+    def uniform_loss(self, global_batch: int) -> float:
+        """log(B·W): the positive among the global batch's keys, each direction, averaged."""
+        return math.log(global_batch)
+
+    def contrast(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One direction: InfoNCE of q (B×C) against every rank's k, the own image's key the positive."""
+        loss, correct = v3_info_nce(q, k, self.tau, rank=rank_and_world()[0], gather=gather_no_grad)
+        return loss / (2 * self.tau), correct
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None) -> MethodOutput:
+        out = super().forward(x1, x2, index)
+        return MethodOutput(out.loss / 2, out.correct, out.keys)

@@ -34,6 +34,7 @@ from mocolab.method.collectives import gather_no_grad, gather_with_grad, rank_an
 from mocolab.method.losses import info_nce, nt_xent
 from mocolab.method.protocol import MethodOutput, MethodParts, encoder_autocast
 from mocolab.method.key_queue import WrittenAges
+from mocolab.method.async_copy import to_device
 
 if TYPE_CHECKING:
     from mocolab.config import Config
@@ -122,14 +123,14 @@ class MemoryBank(WrittenAges, nn.Module):
 
     def sample(self) -> torch.Tensor:
         """K entry indices for this step's negatives (the same on every rank)."""
-        return torch.randint(self.size, (self.negatives,), generator=self.sampler).to(self.entries.device)
+        return to_device(torch.randint(self.size, (self.negatives,), generator=self.sampler), self.entries.device)
 
     def contrast(self, q: torch.Tensor, index: torch.Tensor, tau: float,
                  negatives: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """InfoNCE of queries q (B×C, normalised) of images ``index`` (B): positive their own entry,
         negatives the entries ``negatives`` (K; drawn by ``sample`` when None).  Returns (loss, correct B)."""
         neg = self.sample() if negatives is None else negatives
-        index = index.to(self.entries.device)
+        index = to_device(index, self.entries.device)
         l_pos = (q * self.entries[index]).sum(dim=1, keepdim=True)  # B×1 (indexing copies: no later in-place)
         l_neg = q @ self.entries[neg].T  # B×K
         l_neg = l_neg.masked_fill(neg[None, :] == index[:, None], float("-inf"))  # never its own entry
@@ -139,7 +140,7 @@ class MemoryBank(WrittenAges, nn.Module):
     @torch.no_grad()
     def update(self, q: torch.Tensor, index: torch.Tensor, step: int | torch.Tensor) -> None:
         """Entries ``index`` (distinct) ← normalise(a·entry + (1 − a)·q), written at ``step``."""
-        index = index.to(self.entries.device)
+        index = to_device(index, self.entries.device)
         a = self.momentum
         mixed = a * self.entries[index] + (1.0 - a) * q.detach().to(self.entries.dtype)
         self.entries[index] = F.normalize(mixed, dim=1)
@@ -198,7 +199,7 @@ class MemoryBankContrast(nn.Module):
             q = self.encoder_q(im_q)
         q = F.normalize(q.float(), dim=1)
         loss, correct = self.bank.contrast(q, index, self.tau)
-        written = gather_no_grad(index.to(q.device))  # the global batch's images: the entries written
+        written = gather_no_grad(to_device(index, q.device))  # the global batch's images: the entries written
         self.bank.update(gather_no_grad(q), written, self.step)
         self.step += 1
         return MethodOutput(loss, correct, q.detach(), written)

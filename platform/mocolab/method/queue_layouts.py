@@ -29,6 +29,7 @@ from mocolab.method.collectives import (
 )
 from mocolab.method.key_queue import KeyQueue, KeySnapshot
 from mocolab.method.losses import sharded_queue_info_nce
+from mocolab.method.async_copy import to_device
 
 __all__ = ["ReplicatedKeyQueue", "ShardedKeyQueue", "build_queue", "gather_queue_state"]  # stable (docs/api.md)
 
@@ -52,7 +53,7 @@ class ReplicatedKeyQueue(KeyQueue):
         the keys' device first: the loader hands it on the CPU, and NCCL gathers device tensors only).
         Every rank draws the same random slots (one seed), so the replicas stay equal."""
         if index is not None:
-            index = gather_no_grad(index.to(keys.device, non_blocking=True))
+            index = gather_no_grad(to_device(index, keys.device))
         return super().enqueue(gather_no_grad(keys), step, index)
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 from mocolab.config import Config
 from mocolab.method import plugins
 from mocolab.method.protocol import Method, MethodParts
-from mocolab.method.moco import MoCo, MoCoV3
+from mocolab.method.moco import BatchKeysMoCo, MoCo, MoCoV3
 from mocolab.method.negative_sources import InBatchContrast, MemoryBankContrast
 
 __all__ = ["METHODS", "build_method", "method_name"]
@@ -30,6 +30,7 @@ METHODS: dict[str, Callable[[Config, MethodParts], Method]] = {
     "v3": MoCoV3.from_config,  # method/moco.py
     "memory_bank": MemoryBankContrast.from_config,  # negatives.py
     "in_batch": InBatchContrast.from_config,  # negatives.py
+    "batch_keys": BatchKeysMoCo.from_config,  # method/moco.py: v2 without its queue (a control)
 }
 
 

@@ -2,8 +2,8 @@
 
 The convnet backbone pools three times per forward.  On CPU, torch's NCHW
 ``max_pool2d`` scans each window with a per-element loop and runs at a
-fraction of memory bandwidth: it was a fifth of a bf16 cpu-quick step
-(benchmarks/RESULTS.md).  The four corners of every window are strided views
+fraction of memory bandwidth, a large share of a CPU step
+(benchmarks/RESULTS.md, "Performance: the faster step").  The four corners of every window are strided views
 of the input, so the maximum is ``max(max(a, b), max(c, d))`` in vectorised
 element-wise ops.  The result is exact: the same values, and (with gradient)
 the same arg-max as ``max_pool2d`` — the first maximum in the window's

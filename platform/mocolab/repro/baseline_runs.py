@@ -67,7 +67,7 @@ def _identity(params, kind: str) -> dict:
 
 def _find(store: Store, exp_id: str, name: str, kind: str, seed: int | None):
     query = f"tags.`{SET_TAG}` = '{name}' and tags.`{KIND_TAG}` = '{kind}' and attributes.status = 'FINISHED'"
-    runs = store.client.search_runs([exp_id], query, max_results=100)
+    runs = store.search_all([exp_id], query)
     for run in runs:
         if seed is None or str(run.data.params.get("run.seed")) == str(seed):
             return run

@@ -1,24 +1,23 @@
-"""The reproduction's rules, stated before the runs they judge: which comparisons answer each paper claim,
-the margins that decide "not reproduced", the budget a claim about m needs, and the bar a budget clears
-before its verdicts stand.
+"""The reproduction's rules: which comparisons answer each paper claim, the margins that decide "not
+reproduced", the budget each claim needs, and the bar a budget clears before its verdicts stand.
 
 The document (repro/document.py) only applies these; a test (tests/repro/test_verdict_rules.py) builds
 synthetic results that must come out reproduced, reversed, not reproduced and inconclusive, so a rule
-changed here changes a test too.
+changed here changes a test too. Whether the rules came before the runs they judge is not asserted here but
+checked: repro/preregistration.py serialises each study's rules, every run the reproduction launches carries
+their hash, and a verdict whose runs do not carry it is labelled post hoc.
 
 The margins are on this data set's scale, not the paper's ImageNet points: what there is to learn at cpu-full
 is the gap between a trained encoder and its random-init start on the validation split, 2.87 linear points
-(m = 0.99, seeds 0-4; results/pilot/margin.csv, made before the queue, batch-norm and long-momentum studies
-ran). A margin of a third of it (1 point) is the smallest effect called a difference; a claim is "not
-reproduced" only where the seeds exclude an effect that large in the paper's direction. The momentum
-studies at cpu-quick and cpu-full had run when these rules were written; their verdicts are re-judged by
-them and the document says so.
+(m = 0.99, seeds 0-4; results/pilot/margin.csv). A margin of a third of it (1 point) is the smallest effect
+called a difference; a claim is "not reproduced" only where the seeds exclude an effect that large in the
+paper's direction, and a significant effect the seeds show to be smaller than it is "below the margin".
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mocolab.analysis.verdicts import EQUAL, FAILS, GREATER
 
@@ -33,10 +32,24 @@ LEARNED = 0.0287  # the pilot's mean validation gap (m = 0.99 over random-init) 
 # (ln 0.5 / ln m steps): before that, the key encoder still holds more than 3 % (2^-5) of its random start,
 # and the larger m's arm is partly an untrained network. m = 0.999: 3,464 steps; m = 0.9999: 34,656.
 HALF_LIVES = 5
-# "Learning is plain at this budget": in every seed, the study's plain arm (m = 0.99 for momentum, else the
-# reference) beats the random-init encoder of its seed by >= 5 kNN points and the raw-pixel probe by >= 3
-# linear points (test split). A study below the bar reports its verdicts as provisional.
+# A claim whose arms share one key-encoder momentum m (every arm but the momentum ablation's trains at the paper's
+# m = 0.999) is testable when the run trains at least this many half-lives of that m: before one half-life the
+# key encoder is more its random start than trained (at 117 steps, 0.999^117: 89 % of it), and MoCo has not begun.
+SHARED_HALF_LIVES = 1
+PAPER_M = 0.999
+# "Learning is plain at this budget": in every seed, the budget's bar arm beats the random-init encoder of its
+# seed by >= 5 kNN points and the raw-pixel probe by >= 3 linear points (test split). A study below the bar
+# reports its verdicts as provisional.
 PLAIN_MOMENTUM_ARM, PLAIN_KNN, PLAIN_LINEAR = "0.99", 0.05, 0.03
+# One bar per budget (repro/plan.py's Study.budget), read from one named arm of one named study and stated once:
+# identical runs in two studies of one budget get one answer. Where the named arm has no finished run yet, a
+# study reads its own reference arm, and says so.
+PLAIN_BARS: dict[str, tuple[str, str]] = {
+    "cpu-quick": ("momentum-cpu-quick", PLAIN_MOMENTUM_ARM),
+    "cpu-full": ("momentum-cpu-full", PLAIN_MOMENTUM_ARM),
+    "cpu-full at 17 epochs": ("momentum-long-cpu-full", PLAIN_MOMENTUM_ARM),
+    "vit-quick": ("versions-vit-quick", "v2 convnet"),
+}
 # "m = 0 fails" is a claim of kind FAILS against the random-init encoder; these describe how (not the verdict)
 FAIL_LOSS_FRACTION = 0.9  # final InfoNCE loss >= 0.9 * ln(1 + K): no better than guessing among K + 1 keys
 FAIL_PRETEXT = 0.05  # pretext accuracy below 5 % at the end
@@ -53,6 +66,14 @@ def steps_needed(momenta: tuple[float, ...]) -> float:
     return HALF_LIVES * half_life(max(momenta))
 
 
+def steps_for(arms: tuple[str, ...], momenta: bool, m: float | None) -> float:
+    """Training steps a comparison of ``arms`` needs: ``steps_needed`` where the arms are values of m, else
+    SHARED_HALF_LIVES half-lives of the key-encoder momentum ``m`` they share (0 where they share none)."""
+    if momenta:
+        return steps_needed(tuple(float(a) for a in arms))
+    return SHARED_HALF_LIVES * half_life(m) if m else 0.0
+
+
 @dataclass(frozen=True)
 class Claim:
     """One paper claim: its comparisons, all of one kind, form one Holm family.
@@ -61,6 +82,9 @@ class Claim:
     no better than b (FAILS).  ``momenta``: the pairs are values of m, so the budget rule applies.
     ``control``: no paper claim but a question the reproduction asks to explain one (which of the differences
     between two arms matters); judged as EQUAL, its verdicts read alike, different or inconclusive.
+    ``m``: the key-encoder momentum the arms share (the budget rule of SHARED_HALF_LIVES), None where they share
+    none.  ``paper``: per pair, the paper's own difference in ImageNet points (NaN where it gives none), set
+    beside a "not reproduced" verdict's upper bound.
     """
 
     words: str
@@ -69,10 +93,53 @@ class Claim:
     metric: str = "linear_top1"
     momenta: bool = False
     control: bool = False
+    m: float | None = PAPER_M
+    paper: tuple[float, ...] = ()
 
     @property
     def margin(self) -> float:
         return MARGINS[self.metric]
+
+    def steps(self, pair: tuple[str, str]) -> float:
+        return steps_for(pair, self.momenta, self.m)
+
+    def paper_effect(self, pair: tuple[str, str]) -> float:
+        return self.paper[self.pairs.index(pair)] if pair in self.pairs and self.paper else math.nan
+
+
+SLOPE, ORDER, GROUPS = "slope on log2", "order", "groups"
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A claim about more than two arms tested as one per-seed linear contrast (analysis/stats.py ``contrast``),
+    its own Holm family of one, the paper's direction GREATER: the primary test of its claim, the claim's
+    pairwise comparisons secondary.
+
+    ``shape``: SLOPE, the least-squares slope of the metric on log2 of the arm (points a doubling; its margin is
+    the metric's margin spread over the log2 range the study's arms span); ORDER, the arms in the paper's
+    order, lowest first (centred ranks: with three arms the last minus the first); GROUPS, the mean of the arms
+    not in ``low`` minus the mean of those in ``low``. Only the arms the study plans take part. ``paper``: the
+    paper's value of the contrast in ImageNet points (NaN where it gives none).
+    """
+
+    words: str
+    arms: tuple[str, ...]
+    shape: str
+    metric: str = "linear_top1"
+    paper: float = math.nan
+    momenta: bool = False
+    m: float | None = PAPER_M
+    low: tuple[str, ...] = field(default=())
+
+    def margin(self, arms: tuple[str, ...]) -> float:
+        if self.shape == SLOPE:
+            xs = [math.log2(float(a)) for a in arms]
+            return MARGINS[self.metric] / (max(xs) - min(xs))
+        return MARGINS[self.metric]
+
+    def steps(self, arms: tuple[str, ...]) -> float:
+        return steps_for(arms, self.momenta, self.m)
 
 
 @dataclass(frozen=True)
@@ -82,16 +149,19 @@ class PaperClaims:
     text: str
     claims: tuple[Claim, ...]
     limits: str = ""  # where this data set limits a claim, said instead of tested
+    contrasts: tuple[Contrast, ...] = ()
 
 
 MOMENTUM = PaperClaims(
     "Paper (MoCo, He et al. 2020, Table 1b, ImageNet linear top-1): m = 0.9 → 55.2, 0.99 → 57.8, 0.999 → 59.0, "
     "0.9999 → 58.9; at m = 0 the training loss oscillates and fails to converge.",
-    (Claim("a momentum below 0.99 costs accuracy", (("0.99", "0.9"),), momenta=True),
-     Claim("m = 0.999 is better than 0.99", (("0.999", "0.99"),), momenta=True),
-     Claim("m = 0.9999 is as good as 0.999", (("0.9999", "0.999"),), kind=EQUAL, momenta=True),
+    (Claim("a momentum below 0.99 costs accuracy", (("0.99", "0.9"),), momenta=True, paper=(2.6,)),
+     Claim("m = 0.999 is better than 0.99", (("0.999", "0.99"),), momenta=True, paper=(1.2,)),
+     Claim("m = 0.9999 is as good as 0.999", (("0.9999", "0.999"),), kind=EQUAL, momenta=True, paper=(-0.1,)),
      Claim("training fails at m = 0: its encoder is no better than the random-init network it starts from",
-           (("0", RANDOM_INIT),), kind=FAILS)))
+           (("0", RANDOM_INIT),), kind=FAILS, m=None)),
+    contrasts=(Contrast("accuracy rises with m from 0.9 through 0.99 to 0.999 (the last minus the first)",
+                        ("0.9", "0.99", "0.999"), ORDER, paper=59.0 - 55.2, momenta=True),))
 
 # by the study's name, the field its arms differ in, or its script (repro/plan.py)
 PAPER: dict[str, PaperClaims] = {
@@ -103,6 +173,9 @@ PAPER: dict[str, PaperClaims] = {
         (Claim("a larger dictionary is better: each smaller K is below K = 16,384",
                (("16384", "256"), ("16384", "512"), ("16384", "1024"), ("16384", "2048"), ("16384", "4096"),
                 ("16384", "8192"))),),
+        contrasts=(Contrast("accuracy rises with log2 K (per doubling of K)",
+                            ("256", "512", "1024", "2048", "4096", "8192", "16384"), SLOPE,
+                            paper=(60.6 - 59.0) / 4),),  # K = 4,096 -> 65,536: four doublings
         limits="Fashion-MNIST has 10 classes: in a queue of K keys about a tenth share the query's class, so a "
                "larger K adds same-class negatives as fast as it adds others (ImageNet: a thousandth). K cannot "
                "exceed half the 55,000 training images here, so the paper's K = 65,536 is not tested."),
@@ -115,13 +188,18 @@ PAPER: dict[str, PaperClaims] = {
                                                               ("shuffle", "plain"), ("shuffle", "groups"))),
          Claim("unshuffled batch norm cheats: its pretext accuracy is higher than shuffled BN's",
                (("plain", "split"), ("groups", "split"), ("plain", "shuffle"), ("groups", "shuffle")),
-               metric="pretext_acc"))),
+               metric="pretext_acc")),
+        contrasts=(Contrast("shuffled batch norm above unshuffled (mean of the shuffled arms minus the unshuffled)",
+                            ("plain", "groups", "split", "shuffle"), GROUPS, low=("plain", "groups")),
+                   Contrast("unshuffled batch norm cheats (mean pretext accuracy of the unshuffled arms minus the "
+                            "shuffled)", ("plain", "groups", "split", "shuffle"), GROUPS, metric="pretext_acc",
+                            low=("split", "shuffle")))),
     "negatives_ablation.py": PaperClaims(
         "Paper (Figure 3, ImageNet linear top-1): MoCo's queue beats the memory bank at every K, 60.6 against "
         "58.0 at K = 65,536 (a 2.6-point gap); end-to-end (in-batch) negatives match MoCo where memory allows "
         "(K up to 1,024), and MoCo's larger queues go above them. The paper runs FIFO only: it gives no number "
         "for random replacement. Here the in-batch arm has 2 x 256 - 2 negatives a query, the queue 16,384.",
-        (Claim("the memory bank is below MoCo's FIFO queue", (("queue fifo m=0.999", "memory bank"),)),
+        (Claim("the memory bank is below MoCo's FIFO queue", (("queue fifo m=0.999", "memory bank"),), paper=(2.6,)),
          Claim("in-batch negatives (end-to-end: K is the batch) are below MoCo's large queue",
                (("queue fifo m=0.999", "in batch"),))),
         limits="The in-batch arm differs from the queue arm in three ways at once (a symmetric loss, no key "
@@ -132,7 +210,7 @@ PAPER: dict[str, PaperClaims] = {
         "60.6 at K = 65,536. Here the bank trains three times as long as the queue it is set against (30 epochs "
         "against the 10 of `negatives-cpu-full`, whose bank did not learn), both with 16,384 negatives a query.",
         (Claim("the memory bank is below MoCo's FIFO queue, even trained three times as long",
-               (("queue fifo m=0.999", "memory_bank"),)),)),
+               (("queue fifo m=0.999", "memory_bank"),), paper=(2.6,)),)),
     "moco.symmetric": PaperClaims(
         "No paper claim: a control. The in-batch arm differs from the queue arm in three ways at once: a "
         "symmetric loss, no key encoder and 2B − 2 negatives. This study changes the first alone: the queue arm "
@@ -160,12 +238,32 @@ PAPER: dict[str, PaperClaims] = {
         "MoCo v3 (Chen, Xie, He 2021) reports other epochs and backbones, no number at this recipe. Here every "
         "recipe trains at vit-quick's data, batch and epochs. The random-init baseline is the convnet the "
         "three convnet recipes train: the ViT's Δ is against that convnet, not against a random ViT.",
-        (Claim("v2's recipe (MLP head, τ 0.2, blur) improves on v1's", (("v2 convnet", "v1 convnet"),)),)),
+        (Claim("v2's recipe (MLP head, τ 0.2, blur) improves on v1's", (("v2 convnet", "v1 convnet"),),
+               paper=(67.5 - 60.6,)),)),
 }
-BASELINE_CHECK = Claim("each arm's encoder beats its random-init start", ())  # pairs: every arm, per study
+BASELINE_CHECK = Claim("each arm's encoder beats its random-init start", (), m=None)  # pairs: every arm, per study
 NO_CLAIMS = PaperClaims("The paper gives no number here.", ())
 
 
 def paper_claims(name: str, by: str, script: str) -> PaperClaims:
     """A study's claims: its own where it has them, else its field's, else its script's."""
     return PAPER.get(name) or PAPER.get(by) or PAPER.get(script) or NO_CLAIMS
+
+
+# The rules every study's verdicts follow, as words: part of what each study's plan hash covers
+# (repro/preregistration.py), so that a change to how a verdict is decided changes the hash as a margin does.
+VERDICT_RULES = (
+    "a > b: reproduced when the Holm-corrected paired test is significant in the paper's direction and the "
+    "no-effect test does not exclude the margin; reproduced, below the margin when both are significant; reversed "
+    "when significant against it; not reproduced when the Holm-corrected no-effect test excludes the margin; "
+    "else inconclusive",
+    "a ≈ b: reproduced when TOST excludes the margin either way; not reproduced when the paired test is "
+    "significant; else inconclusive",
+    "a no better than b: reproduced when the no-effect test excludes a gain of the margin; reversed when a "
+    "gain above the margin is significant; else inconclusive",
+    "a contrast over several arms: per-seed linear contrast, one-sample t-test against 0, its own family, "
+    "judged as a > b at its margin",
+    "one family per claim; the baseline checks a family of their own",
+    "a comparison the budget cannot test, or with fewer than two seeds, stays out of its family",
+    "a study whose budget's bar is not met marks its verdicts provisional",
+)

@@ -1,8 +1,9 @@
 """``results/*.csv`` -> ``docs/REPRODUCTION.md`` and its figures: every number in the write-up is computed here
 from the committed CSV files, so the document regenerates without the MLflow store that produced them.
 
-Each paper claim gets one of four verdicts by the rules of repro/claims.py and analysis/verdicts.py, which
-were written before the runs they judge; this module applies them and shows each rule beside its verdict.
+Each paper claim gets one of four verdicts by the rules of repro/claims.py and analysis/verdicts.py; this module
+applies them, shows each rule beside its verdict, and labels a verdict post hoc unless every run it judges
+carries the hash of the rules that judge it (repro/preregistration.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ import pandas as pd  # noqa: E402
 from mocolab.analysis.stats import interval, paired  # noqa: E402
 from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
 from mocolab.repro.claims import FAIL_LOSS_FRACTION, FAIL_PRETEXT, RANDOM_INIT  # noqa: E402
-from mocolab.repro.judging import RULES, by_seed, claim_lines, claim_table, diff_points, judge_study, tested_at  # noqa: E402
+from mocolab.repro.claims import PLAIN_BARS  # noqa: E402
+from mocolab.repro.judging import (RULES, Plain, Registration, budget_bar, by_seed, claim_lines, claim_table,  # noqa: E402
+                                   contrast_lines, diff_points, judge_contrasts, judge_study, plan_table, rules_line,
+                                   tested_at)
+from mocolab.repro.preregistration import PLAN_COLUMN, rules_hash  # noqa: E402
 from mocolab.repro.inputs import check_results  # noqa: E402
 from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, SAME_CONFIG, STUDIES, SUPERVISED,  # noqa: E402
                                 Study)
@@ -29,7 +34,7 @@ from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, SA
 @dataclass
 class Written:
     markdown: str
-    headline: str  # README's table, between HEADLINE_BEGIN and HEADLINE_END
+    headline: str  # README's table and claim lines, between HEADLINE_BEGIN and HEADLINE_END
     figures: list[Path]
 
 
@@ -40,6 +45,49 @@ class Bound:
     study: Study
     frame: pd.DataFrame
     steps: int
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A momentum study's candidate for README's headline: one table and one line per claim. README shows one
+    study's, so that its first screen holds one table (``_headline``)."""
+
+    study: Study
+    plain: Plain
+    arms: int
+    text: str
+
+
+def _headline(candidates: Sequence[Headline]) -> str:
+    """The study README shows: a budget where learning is plain first (its verdicts are not provisional), then
+    the one with the most momenta (the ablation, not a pair of its arms), then the plan's order."""
+    if not candidates:
+        return ""
+    return min(enumerate(candidates), key=lambda ic: (ic[1].plain.met is not True, -ic[1].arms, ic[0]))[1].text
+
+
+def _plain_words(plain: Plain) -> str:
+    """Whether learning is plain at the headline's budget, in the words its title needs."""
+    if plain.met is True:
+        return "learning is plain at this budget"
+    if plain.met is False:
+        return "learning is not plain at this budget, so its verdicts are provisional"
+    return "learning not yet measured at this budget, so its verdicts are provisional"
+
+
+def _bound_row(study: Study, bound: Bound | None, steps: int) -> list[str]:
+    """The supervised bound as a row of README's headline table, where it trained the same preset for the same
+    steps (Δ: paired with the random-init encoders of its own study)."""
+    if bound is None or (study.preset, steps) != (bound.study.preset, bound.steps):
+        return []
+    arm = bound.study.arms[0]
+    ok = bound.frame[(bound.frame["arm"] == arm) & (bound.frame["status"] == "finished")].drop_duplicates("seed")
+    if not len(ok):
+        return []
+    d = {m: paired(by_seed(bound.frame, arm, m), by_seed(bound.frame, RANDOM_INIT, m), (arm, RANDOM_INIT))
+         for m in ("linear_top1", "knn_top1")}
+    return [f"| {arm} | {len(ok)} | {_ci(ok['linear_top1'])} | {diff_points(d['linear_top1'])} | "
+            f"{diff_points(d['knn_top1'])} | — |"]
 
 
 BASELINE_ARMS = (RANDOM_INIT, "raw-pixels")  # rows a study's baselines wrote beside its trained arms
@@ -54,6 +102,18 @@ def _arm_machines(frame: pd.DataFrame) -> dict[int, set[str]]:
     """{seed: the machines its trained arms ran on}: one each where every pair of a seed is taken on one machine."""
     rows = frame[_trained(frame) & frame["device"].notna()]
     return {int(s): set(g["device"].astype(str)) for s, g in rows.groupby("seed")}
+
+
+def _span(study: Study, frame: pd.DataFrame, bound: Bound | None, steps: int) -> float | None:
+    """What there is to learn at this budget (fractions): the supervised bound's mean linear top-1 less the
+    random-init encoder's, where the bound trained the same preset for the same steps; else None."""
+    if bound is None or (study.preset, steps) != (bound.study.preset, bound.steps):
+        return None
+    init = by_seed(frame, RANDOM_INIT, "linear_top1")
+    labels = by_seed(bound.frame, bound.study.arms[0], "linear_top1")
+    if not init or not labels:
+        return None
+    return sum(labels.values()) / len(labels) - sum(init.values()) / len(init)
 
 
 def _scale(study: Study, frame: pd.DataFrame, bound: Bound | None, steps: int) -> list[str]:
@@ -191,9 +251,11 @@ def _code_line(frame: pd.DataFrame) -> str:
 
 def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
                      history: pd.DataFrame | None = None, bound: Bound | None = None,
-                     elsewhere: Mapping[str, str] | None = None) -> tuple[str, str, Path]:
-    """(the study's section, README's headline table, the figure); ``history`` and ``bound`` as for
-    ``study_section``; ``elsewhere``: what other studies' budgets could test of the claims this one's cannot."""
+                     elsewhere: Mapping[str, str] | None = None,
+                     plain: Plain | None = None) -> tuple[str, Headline, Path]:
+    """(the study's section, its candidate for README's headline, the figure); ``history``, ``bound`` and
+    ``plain`` as for ``study_section``; ``elsewhere``: what other studies' budgets could test of the claims this
+    one's cannot."""
     arms = [a for a in frame["arm"].unique() if a not in BASELINE_ARMS]
     arms = sorted(arms, key=float)
     init = {m: by_seed(frame, RANDOM_INIT, m) for m in ("linear_top1", "knn_top1")}
@@ -221,8 +283,13 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
             head.append(f"| {name} | {n} | {_ci(metric_rows['linear_top1'])} | {zero} | {zero} | — |")
 
     steps = study.steps()
-    paper, claims, baselines, plain = judge_study(study, frame, steps)
-    lines = claim_lines(claims, plain, elsewhere)
+    head += _bound_row(study, bound, steps)
+    paper, claims, baselines, plain = judge_study(study, frame, steps, plain)
+    contrasts = judge_contrasts(study, frame, steps)
+    span = _span(study, frame, bound, steps)
+    registration = Registration(rules_hash(study, steps), frame)
+    lines = [*claim_lines(claims, plain, elsewhere, span), *contrast_lines(contrasts, plain, span),
+             rules_line(study, registration, [*claims, *baselines], contrasts)]
     figure = _momentum_figure(frame, arms, fig_dir / f"{study.name}.png", history)
     text = "\n".join([
         f"## {study.title}",
@@ -255,37 +322,38 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
         paper.text,
         "",
         *_scale(study, frame, bound, steps),
-        *_verdict_block(claims, baselines, steps, plain, elsewhere),
+        *_verdict_block(study, frame, claims, baselines, steps, plain, elsewhere, contrasts, span),
         *_zero_diagnostics(frame),
     ])
     headline = "\n".join([
-        f"**{study.title}** (`{study.name}`: preset `{study.preset}`, {steps:,} steps), Fashion-MNIST, seeds "
-        "finished per arm as counted (top-1 %, mean ± std [95 % interval]; Δ: paired difference from the same "
-        "seed's random-init encoder):",
+        f"**{study.title}** (`{study.name}`: preset `{study.preset}`, {steps:,} steps; {_plain_words(plain)}), "
+        "Fashion-MNIST, top-1 % over seeds (mean ± std [95 % interval]; Δ: paired difference from the same seed's "
+        "random-init encoder; supervised: the same network, augmentation and steps trained with the labels):",
         "",
         "| m | seeds | linear | Δ linear | Δ kNN | paper (ImageNet) |",
         "|---|---|---|---|---|---|",
         *head,
         "",
-        "Verdicts by the rules stated before the runs (docs/REPRODUCTION.md, *How a claim is judged*):",
+        "The paper's claims, one line each, judged by the rules of docs/REPRODUCTION.md (*How a claim is judged*):",
         "",
         *lines,
-        plain.line,
         "",
-        # README sits at the repository's root, the figures in docs/figures (where `mocolab repro` writes them)
-        f"![{study.name}: top-1 against 1 − m, beside the random-init encoder and raw pixels]"
-        f"(docs/figures/{figure.name})",
+        "Every study, seed, rule and figure: [docs/REPRODUCTION.md](docs/REPRODUCTION.md).",
     ])
-    return text, headline, figure
+    return text, Headline(study, plain, len(arms), headline), figure
 
 
-def _verdict_block(claims, baselines, steps: int, plain, elsewhere: Mapping[str, str] | None = None) -> list[str]:
-    """The claims' verdicts, their table, the baseline checks and the budget's bar: a study section's end."""
-    table = claim_table(claims, steps, plain)
-    base = claim_table(baselines, steps, plain, baseline=True)
+def _verdict_block(study: Study, frame: pd.DataFrame, claims, baselines, steps: int, plain: Plain,
+                   elsewhere: Mapping[str, str] | None = None, contrasts=(), span: float | None = None) -> list[str]:
+    """The claims' verdicts, whether their rules came before their runs, their table, the baseline checks and
+    the budget's bar: a study section's end."""
+    registration = Registration(rules_hash(study, steps), frame)
+    table = claim_table(claims, steps, plain, contrasts=contrasts, span=span, registration=registration)
+    base = claim_table(baselines, steps, plain, baseline=True, registration=registration)
     return [
-        *(claim_lines(claims, plain, elsewhere)
+        *([*claim_lines(claims, plain, elsewhere, span), *contrast_lines(contrasts, plain, span)]
           or ["- The paper states no claim this study tests; the tables are the finding."]),
+        rules_line(study, registration, [*claims, *baselines], contrasts),
         "",
         *(table + [""] if table else []),
         *(["### Baseline checks", "",
@@ -380,11 +448,12 @@ def _arms(study: Study, frame: pd.DataFrame) -> list[str]:
 
 def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str,
                   history: pd.DataFrame | None = None, bound: Bound | None = None,
-                  borrowed: Sequence[str] = ()) -> tuple[str, Path]:
+                  borrowed: Sequence[str] = (), plain: Plain | None = None) -> tuple[str, Path]:
     """(the section of a study whose arms are any config field's values or a script's settings, its figure).
     ``history``: the trials' curves (``results/history/<study>.csv``), drawn where the study reads pretext
     accuracy. ``bound``: the supervised bound's runs, the top of the scale where the budget is the same.
-    ``borrowed``: a line for each borrowed arm, its runs read and left out (``_with_borrowed``)."""
+    ``borrowed``: a line for each borrowed arm, its runs read and left out (``_with_borrowed``). ``plain``: the
+    budget's bar, measured once on its named arm (``budget_bar``); None reads it from ``frame``."""
     frame = frame.assign(arm=frame["arm"].astype(str))
     arms = _arms(study, frame)
     init = {m: by_seed(frame, "random-init", m) for m in ("linear_top1", "knn_top1")}
@@ -406,7 +475,8 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
             rows.append(f"| {name} | {len(base)} | {_ci(base['linear_top1'])} | {zero} | {_ci(base['knn_top1'])} | "
                         f"{zero} | — | — | baseline |")
     steps = study.steps()
-    paper, claims, baselines, plain = judge_study(study, frame, steps)
+    paper, claims, baselines, plain = judge_study(study, frame, steps, plain)
+    contrasts = judge_contrasts(study, frame, steps)
     figure = _study_figure(study, frame, arms, fig_dir / f"{study.name}.png", history)
     what = f"`{study.by}`" if study.by != LABEL else f"the settings of `{study.script}`"
     pairing = ("paired by seed: seed s of every arm sees the same batches, but the recipes build different "
@@ -449,7 +519,8 @@ def study_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: str
         "",
         *([f"Where this data set limits the claim: {paper.limits}", ""] if paper.limits else []),
         *_scale(study, frame, bound, steps),
-        *_verdict_block(claims, baselines, steps, plain),
+        *_verdict_block(study, frame, claims, baselines, steps, plain, None, contrasts,
+                        _span(study, frame, bound, steps)),
     ])
     return text, figure
 
@@ -543,7 +614,12 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
     bound = _bound(results)
     loaded = {study.name: _with_borrowed(study, _read(path), results) for study in STUDIES
               if (path := results / f"{study.name}.csv").is_file()}
-    tested = _momentum_tested(loaded)
+    bars = {budget: (owner, loaded[owner.name][0]) for budget, (name, _) in PLAIN_BARS.items()
+            for owner in STUDIES if owner.name == name and name in loaded}
+    plains = {study.name: budget_bar(study, bars, loaded[study.name][0]) for study in STUDIES if study.name in loaded}
+    tested = _momentum_tested(loaded, plains)
+    steps = {study.name: study.steps() for study in STUDIES}
+    hashes = {study.name: rules_hash(study, steps[study.name]) for study in STUDIES}
     for study in STUDIES:
         if study.name not in loaded:
             sections.append(not_run(study))
@@ -553,10 +629,11 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         history = _ended(pd.read_csv(curves, dtype={"arm": str}), frame) if curves.is_file() else None
         if study.by == "moco.m":
             elsewhere = _joined(found for name, found in tested if name != study.name)
-            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history, bound, elsewhere)
+            text, headline, figure = momentum_section(study, frame, fig_dir, fig_rel, history, bound, elsewhere,
+                                                      plains[study.name])
             headlines.append(headline)
         else:
-            text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound, borrowed)
+            text, figure = study_section(study, frame, fig_dir, fig_rel, history, bound, borrowed, plains[study.name])
         sections.append(text)
         figures.append(figure)
     markdown = "\n".join([
@@ -575,15 +652,35 @@ def write(results: Path, doc: Path, fig_dir: Path) -> Written:
         "",
         *RULES,
         "",
+        *plan_table(STUDIES, steps, hashes),
+        "",
+        _tagged_line(results),
+        "",
         *sections,
         same_config_section(results),
     ]).rstrip() + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(markdown)
-    return Written(markdown, "\n\n".join(headlines), figures)
+    return Written(markdown, _headline(headlines), figures)
 
 
-def _momentum_tested(loaded: Mapping[str, tuple[pd.DataFrame, list[str]]]) -> list[tuple[str, dict[str, str]]]:
+def _tagged_line(results: Path) -> str:
+    """How many of the runs in ``results/`` carry a plan hash at all: the page's verdicts can be before their
+    runs only where they do."""
+    runs, tagged = 0, 0
+    for study in STUDIES:
+        path = results / f"{study.name}.csv"
+        if path.is_file():
+            frame = _read(path)
+            runs += len(frame)
+            if PLAN_COLUMN in frame:
+                tagged += int((frame[PLAN_COLUMN].fillna("").astype(str).str.strip() != "").sum())
+    return (f"Of the {runs} runs in `results/*.csv`, {tagged} carry a plan hash; a verdict whose runs do not carry "
+            "the hash of its study's rules is post hoc, whatever the order in which its rules and runs were written.")
+
+
+def _momentum_tested(loaded: Mapping[str, tuple[pd.DataFrame, list[str]]],
+                     plains: Mapping[str, Plain]) -> list[tuple[str, dict[str, str]]]:
     """(study, what its budget could test) for every momentum study with results (``loaded``: study -> its
     frame, as ``write`` read it): the claims about m that a short budget cannot test are answered, where one
     was run, by a longer one."""
@@ -592,7 +689,7 @@ def _momentum_tested(loaded: Mapping[str, tuple[pd.DataFrame, list[str]]]) -> li
         if study.by == "moco.m" and study.name in loaded:
             frame = loaded[study.name][0]
             steps = study.steps()
-            _, claims, _, plain = judge_study(study, frame, steps)
+            _, claims, _, plain = judge_study(study, frame, steps, plains.get(study.name))
             out.append((study.name, tested_at(study, claims, plain, steps)))
     return out
 
@@ -606,7 +703,7 @@ def _joined(found: Iterable[Mapping[str, str]]) -> dict[str, str]:
 
 
 def _read(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str})
+    return pd.read_csv(path, dtype={"arm": str, "commit": str, "code": str, "code_segments": str, PLAN_COLUMN: str})
 
 
 def _with_borrowed(study: Study, frame: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, list[str]]:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from mocolab.tracking import DIRTY_TAG, PARENT_TAG, STATUS_TAG, Store, trials_frame
 from mocolab.tracking.store import BASELINE_KIND_TAG as KIND_TAG
-from mocolab.tracking.source import CHANGED_TAG
+from mocolab.tracking.source import CHANGED_TAG, PLAN_TAG
 from mocolab.tracking.store import CODE_TAG, SEGMENTS_TAG, latest_trial_runs
 from mocolab.tracking.store import BASELINE_SET_TAG as SET_TAG
 from mocolab.tracking.store import BASELINES_EXPERIMENT as BASELINES
@@ -19,7 +19,7 @@ from mocolab.repro.plan import HISTORY, LABEL, Study, word
 
 COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
            "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",
-           "run_id", "code", "code_segments", "changed"]
+           "run_id", "code", "code_segments", "changed", "plan_hash"]
 # the MLflow experiment each study script logs to (its make_sweep's study); the parent run is tagged with --name
 EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation", "queue_ablation.py": "queue-ablation",
                "augmentation_ablation.py": "augmentation-ablation", "negatives_ablation.py": "negatives-ablation",
@@ -77,9 +77,11 @@ def _common(run) -> dict:
     return {"commit": tags.get("mlflow.source.git.commit", "")[:12], "dirty": tags.get(DIRTY_TAG, ""),
             "precision": tags.get("mocolab.precision", ""), "torch": tags.get("mocolab.torch", ""),
             "device": tags.get("mocolab.device", ""), "run_id": run.info.run_id,
-            # the code that made it (empty: before code fingerprints) and, across a change, its segments
+            # the code that made it (empty: none recorded) and, across a change, its segments
             "code": tags.get(CODE_TAG, ""), "code_segments": tags.get(SEGMENTS_TAG, ""),
-            "changed": tags.get(CHANGED_TAG, "")}  # the uncommitted files of a dirty checkout, where recorded
+            "changed": tags.get(CHANGED_TAG, ""),  # the uncommitted files of a dirty checkout, where recorded
+            # the hashes of the rules it was made under (repro/preregistration.py); empty: the run has no such tag
+            "plan_hash": tags.get(PLAN_TAG, "")}
 
 
 def trial_runs(study: Study, store: Store) -> list[tuple]:
@@ -106,8 +108,7 @@ def _baselines(study: Study, store: Store) -> list[dict]:
     exp_id = store.experiment_id(BASELINES)
     if exp_id is None:
         return []
-    runs = store.client.search_runs([exp_id], f"tags.`{SET_TAG}` = '{study.name}' and attributes.status = 'FINISHED'",
-                                    max_results=1000)
+    runs = store.search_all([exp_id], f"tags.`{SET_TAG}` = '{study.name}' and attributes.status = 'FINISHED'")
     rows = []
     for run in runs:
         kind = run.data.tags[KIND_TAG]

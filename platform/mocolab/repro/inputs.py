@@ -2,8 +2,9 @@
 
 A CSV without the columns the write-up reads would otherwise end in a ``KeyError`` deep in a figure, and a
 store that is not MLflow's (a Git LFS pointer left by a clone without LFS, a stray file) in a database
-traceback, or, missing, be created empty and exported as "no runs". Each is refused here, in one line that
-names the file and what is wrong with it, before anything is run or written.
+traceback, or, missing, be created empty and exported as "no runs"; its committed, packed form is expanded
+first, and one that is damaged or conflicts with the store is refused too. Each is refused here, in one line
+that names the file and what is wrong with it, before anything is run or written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Iterable
 
 from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, HISTORY_READ_COLUMNS, MOMENTUM_COLUMNS,
                                 READ_COLUMNS, STUDIES, Study)
+from mocolab.repro.store_file import packed_path, unpack
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 LFS_POINTER = b"version https://git-lfs"
@@ -43,11 +45,14 @@ def check_results(results: Path, studies: Iterable[Study] = STUDIES) -> None:
 
 
 def check_store(path: Path, *, must_exist: bool) -> None:
-    """``path`` is an MLflow sqlite store (or absent where the run may create it)."""
+    """``path`` is an MLflow sqlite store (or absent where the run may create it), expanded first from its
+    committed, packed form where that is newer (``store_file.unpack``)."""
+    unpack(path)
     if not path.exists():
         if must_exist:
-            raise ValueError(f"{path}: no MLflow store there to export from; the committed store is "
-                             f"RESULTS/runs.db (`git checkout -- {path}`), or name another with --tracking-uri")
+            raise ValueError(f"{path}: no MLflow store there to export from, nor its packed form "
+                             f"{packed_path(path).name}; the committed store is RESULTS/runs.db.xz "
+                             f"(`git checkout -- {packed_path(path)}`), or name another with --tracking-uri")
         return
     with path.open("rb") as f:
         head = f.read(64)
@@ -55,18 +60,26 @@ def check_store(path: Path, *, must_exist: bool) -> None:
         raise ValueError(f"{path}: a Git LFS pointer, not the MLflow store: fetch it with `git lfs pull`")
     if not head.startswith(SQLITE_MAGIC):
         what = "an empty file" if not head else "not an SQLite file"
-        raise ValueError(f"{path}: not an MLflow store ({what}); restore it with `git checkout -- {path}` or name "
-                         f"another with --tracking-uri")
+        raise ValueError(f"{path}: not an MLflow store ({what}); {_restore(path)} or name another with "
+                         f"--tracking-uri")
     try:
         with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as db:
             tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
     except sqlite3.DatabaseError as err:
-        raise ValueError(f"{path}: not an MLflow store (a damaged SQLite file: {err}); restore it with "
-                         f"`git checkout -- {path}` or name another with --tracking-uri") from None
+        raise ValueError(f"{path}: not an MLflow store (a damaged SQLite file: {err}); {_restore(path)} or name "
+                         f"another with --tracking-uri") from None
     missing = [t for t in MLFLOW_TABLES if t not in tables]
     if missing:
-        raise ValueError(f"{path}: an SQLite file but not an MLflow store (no table {missing}); restore it with "
-                         f"`git checkout -- {path}` or name another with --tracking-uri")
+        raise ValueError(f"{path}: an SQLite file but not an MLflow store (no table {missing}); {_restore(path)} "
+                         f"or name another with --tracking-uri")
+
+
+def _restore(path: Path) -> str:
+    """How to get the committed store back: expanded again from its packed form, else from git."""
+    packed = packed_path(path)
+    if packed.is_file():
+        return f"move it away and the next command expands {packed} again"
+    return f"restore it with `git checkout -- {path}`"
 
 
 def check_readme(readme: Path) -> None:

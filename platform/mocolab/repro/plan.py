@@ -54,7 +54,8 @@ class Study:
     ``borrow``: arms of other studies this one compares with (the reference among them where it is none of
     this study's own): the write-up reads their rows from those studies' CSVs and pairs them by seed.
     ``names``: (the arm as ``by``'s value writes it, the arm's name in the write-up), where the value alone
-    says little (``moco.symmetric``'s True).
+    says little (``moco.symmetric``'s True).  ``budget``: the budget whose bar of "learning is plain" the
+    study reads (repro/claims.py's PLAIN_BARS), the preset's name unless given.
     """
 
     name: str
@@ -71,6 +72,11 @@ class Study:
     workers: int = 0
     borrow: tuple[Borrowed, ...] = field(default=())
     names: tuple[tuple[str, str], ...] = field(default=())
+    budget: str = ""
+
+    @property
+    def bar_budget(self) -> str:
+        return self.budget or self.preset
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -136,7 +142,7 @@ STUDIES: tuple[Study, ...] = (
     # five half-lives of m = 0.999 (3,464; repro/claims.py's budget rule)
     Study("momentum-long-cpu-full", "momentum_ablation.py", "cpu-full", "moco.m", (0.99, 0.999), 5, "--momenta",
           "Momentum 0.99 against 0.999 for five half-lives of 0.999: cpu-full at 17 epochs",
-          extra=("--set", "optim.epochs=17")),
+          extra=("--set", "optim.epochs=17"), budget="cpu-full at 17 epochs"),
     # batch norm at cpu-full on two ranks (128 images each): plain (one BN a rank, unshuffled), groups (BN
     # groups of 32 images, unshuffled: the paper's per-GPU batch, where it saw the cheating), split (the same
     # groups, the keys shuffled across them) and shuffle (the paper's cross-rank shuffle)
@@ -160,7 +166,8 @@ STUDIES: tuple[Study, ...] = (
     # fit the bank's random initial entries (val kNN 57 % after epoch 1), the stored entries caught up with the
     # encoder only by epoch 15 or so (key drift cos 0.97), and pretext accuracy rose from 0.1 % at epoch 12 to
     # 8 % at 29, val kNN to 76 %. So the bank alone, three times as long, against the FIFO queue of
-    # negatives-cpu-full (10 epochs, the same seeds); its arm is the bank's field.
+    # negatives-cpu-full (10 epochs, the same seeds); its arm is the bank's field. It reads cpu-full's bar of
+    # "learning is plain": the queue it is set against trains at cpu-full, and no MoCo arm trains at 30 epochs.
     Study("bank-30ep-cpu-full", "momentum_ablation.py", "cpu-full", "moco.negatives", ("memory_bank",), 3, None,
           "The memory bank trained three times as long: cpu-full at 30 epochs",
           extra=("--momenta", "0.999", "--set", "moco.negatives=memory_bank", "--set", "optim.epochs=30"),

@@ -17,6 +17,7 @@ from typing import Callable
 from mocolab.config.flags import check_number
 from mocolab.repro.inputs import check_readme, check_results, check_store
 from mocolab.repro.plan import STUDIES, Study
+from mocolab.repro.store_file import pack, packed_path
 
 REPO = Path(__file__).resolve().parents[3]
 NEUTRAL_CHANGES = "results/neutral_code_changes.json"  # code changes declared neutral, each with its reason
@@ -29,12 +30,43 @@ def repro_store(tracking_uri: str | None, results: str | Path) -> str:
     """The reproduction's MLflow store: ``--tracking-uri``, else $MLFLOW_TRACKING_URI, else ``RESULTS/runs.db``.
 
     A machine's own files do not outlive its session, and a study at the cpu-full budget takes longer than
-    one; the store is committed beside the CSV files it exports, so that ``mocolab repro`` on a fresh clone
-    finds the trials that finished elsewhere (a grid resumes from MLflow) and runs only the rest.
+    one; the store is committed beside the CSV files it exports (packed: ``RESULTS/runs.db.xz``, which
+    ``check_store`` expands), so that ``mocolab repro`` on a fresh clone finds the trials that finished
+    elsewhere (a grid resumes from MLflow) and runs only the rest.
     """
     from mocolab.tracking import resolve_tracking_uri
 
     return resolve_tracking_uri(tracking_uri, default=Path(results) / STORE)
+
+
+def _local_store(uri: str) -> Path | None:
+    """The store's file, expanded from its packed form and checked; None for a server or a database."""
+    from mocolab.tracking import local_store_path
+
+    local = local_store_path(uri)
+    if local:
+        check_store(Path(local), must_exist=True)
+    return Path(local) if local else None
+
+
+def _pack(uri: str, results: Path) -> None:
+    """``--pack``, and after new runs: the committed (packed) form of the reproduction's store brought up to date."""
+    from mocolab.tracking import local_store_path
+
+    local = local_store_path(uri)
+    if not local:
+        print(f"{uri}: not a file; nothing to pack")
+        return
+    store = Path(local)
+    if not (packed_path(store).exists() or store.resolve() == (results / STORE).resolve()):
+        return  # another sqlite file the user named: not the committed store
+    check_store(store, must_exist=True)
+    packed = packed_path(store)
+    if pack(store):
+        print(f"packed {store} into {packed} ({packed.stat().st_size / 2**20:.1f} MiB): commit {packed} with "
+              f"the CSV files")
+    else:
+        print(f"{packed} already holds {store}")
 
 
 def resolve_precision(name: str) -> str:
@@ -51,7 +83,9 @@ def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str |
               say: Callable[[str], None] = print) -> int:
     """Baselines (seconds), then the study (resumed where it stopped); the study's exit code."""
     from mocolab.repro.baseline_runs import log_baselines
+    from mocolab.repro.preregistration import tag_runs
 
+    tag_runs(study)  # every run made from here on, baselines included, carries the hash of its rules
     log_baselines(study.name, study.preset, study.baseline_overrides(precision), list(range(study.seeds)),
                   tracking_uri=tracking_uri, say=say)
     script = study.command(precision, threads)
@@ -70,11 +104,9 @@ def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str |
 def _status(studies: list[Study], uri: str) -> int:
     """``--status``: each study's trials ended and left, from the store; nothing is run or written."""
     from mocolab.repro.status import status_lines
-    from mocolab.tracking import Store, local_store_path
+    from mocolab.tracking import Store
 
-    local = local_store_path(uri)
-    if local:
-        check_store(Path(local), must_exist=True)
+    _local_store(uri)
     for line in status_lines(studies, Store(uri)):
         print(line)
     return 0
@@ -115,6 +147,15 @@ def main(args) -> int:
     check_number("--stop-after", args.stop_after)
     if getattr(args, "status", False):
         return _status(studies, repro_store(args.tracking_uri, args.results))
+    if getattr(args, "pack", False):
+        _pack(repro_store(args.tracking_uri, args.results), Path(args.results))
+        return 0
+    if getattr(args, "unpack", False):
+        uri = repro_store(args.tracking_uri, args.results)
+        local = _local_store(uri)
+        print(f"MLflow store: {uri}" + (f" (its packed form: {local}.xz)" if local and
+                                        packed_path(local).exists() else ""))
+        return 0
     results, doc = Path(args.results), Path(args.doc)
     # what is read and not exported again first: a damaged file is named before hours of training, not after
     check_results(results, STUDIES if args.document_only else [s for s in STUDIES if s not in studies])
@@ -135,12 +176,15 @@ def main(args) -> int:
                 code = run_study(study, precision, args.threads, tracking_uri=uri,
                                  stop_after=args.stop_after) or code
                 if code >= 128:  # stopped by a signal: the same command resumes; nothing more this time
-                    print(f"stopped during {study.name}; `mocolab repro` again resumes it", file=sys.stderr)
+                    print(f"stopped during {study.name}; `mocolab repro` again resumes it (`mocolab repro "
+                          f"--pack` packs the runs so far for a commit)", file=sys.stderr)
                     return code
         store = Store(uri)
         for study in studies:
             path = export(study, store, results)
             print(f"exported {study.name}: {path}" if path else f"{study.name}: no runs in {store.uri} yet")
+        if not args.skip_run:  # new runs: the committed form of the store too
+            _pack(uri, results)
     written = write(results, doc, doc.parent / "figures")
     print(f"wrote {doc} ({len(written.figures)} figure(s))")
     readme = Path(args.readme)

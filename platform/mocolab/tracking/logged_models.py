@@ -5,9 +5,10 @@ Format: ``mlflow.pytorch`` with ``serialization_format="pt2"``, a
 unpickling code (a pickled module needs our classes importable and runs
 whatever the pickle says), it keeps a dynamic batch size, and MLflow gives
 it a signature, an input example, the run's metrics at the final step and
-a place in the Model Registry. Its cost here: 0.73 s for both models of the
-cpu-quick convnet, once pip requirements are given; MLflow's own inference
-of them loads the model in a subprocess, 6 s (benchmarks/model_logging.py).
+a place in the Model Registry. The pip requirements are given, because
+MLflow's own inference of them loads the model in a subprocess, which
+costs far more than the logging (benchmarks/RESULTS.md, "MLflow as the hub:
+what logging models and machine metrics costs").
 
 Two models per finished run: ``encoder`` (images -> backbone features, the
 features kNN and the probe read) and ``classifier`` (images -> the linear

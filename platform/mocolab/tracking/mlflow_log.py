@@ -192,6 +192,22 @@ class MetricsLogger:
             self.pending.append(points[i:i + MAX_BATCH])
         self.flush()
 
+    def best_of(self, seen: Mapping[str, float]) -> dict[str, float]:
+        """``best_<key>``: the largest value of each key of ``seen`` over the run's epochs: this attempt's
+        (``seen``, which a store that is down has not taken) and the store's history (a resumed run's earlier
+        attempts). Keys no epoch logged are left out."""
+        out = {}
+        for key, value in seen.items():
+            try:
+                logged = [m.value for m in self.client.get_metric_history(self.run_id, key)]
+            except Exception as err:  # noqa: BLE001 - the store is down: this attempt's epochs only
+                self._went_down(err)
+                logged = []
+            values = [v for v in (*logged, value) if v == v]  # NaN (no monitor that epoch) never wins
+            if values:
+                out[f"best_{key}"] = max(values)
+        return out
+
     def flush(self) -> bool:
         """Send what is pending, oldest first; False (and kept) if the store does not answer."""
         while self.pending:

@@ -20,6 +20,8 @@ from mocolab.tracking.uri import local_store_path
 
 DIRTY_TAG = "mocolab.source.git.dirty"  # MLflow has no standard tag for uncommitted changes
 CHANGED_TAG = "mocolab.source.git.changed"  # which tracked files differ from the commit, when some do
+PLAN_TAG = "mocolab.plan_hash"  # the hashes of the rules a run is made under (repro/preregistration.py)
+PLAN_ENV = "MOCOLAB_PLAN_HASH"  # set by `mocolab repro` for the study it launches: every run made then carries it
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -42,8 +44,9 @@ def source_tags(entry: str | None = None, tracking_uri: str | None = None) -> di
     checkout), else the one this package was installed from. ``entry``: the script or command, by
     default ``sys.argv[0]``, named relative to the repository when it lies inside it. ``tracking_uri``:
     the store the tags go to. A store committed in the repository (the
-    reproduction's ``results/runs.db``) changes as the run writes to it; that is the run's output, not
-    its code, so it does not make the checkout dirty. The files that do are named in a tag.
+    reproduction's ``results/runs.db``, committed packed as ``results/runs.db.xz``) changes as the run writes
+    to it; that is the run's output, not its code, so neither file makes the checkout dirty. The files that do
+    are named in a tag.
     """
     entry = entry or (sys.argv[0] if sys.argv and sys.argv[0] else "python")
     root = _repo_root(Path.cwd()) or _repo_root(Path(__file__).resolve().parent)
@@ -81,11 +84,14 @@ def source_tags(entry: str | None = None, tracking_uri: str | None = None) -> di
     job = ray_job_id()
     if job:
         tags["ray_job_id"] = job
+    if os.environ.get(PLAN_ENV):
+        tags[PLAN_TAG] = os.environ[PLAN_ENV]
     return tags
 
 
 def _exclude(tracking_uri: str | None, root: Path) -> list[str]:
-    """git's pathspec leaving out the store's own file or folder, where it lies in the repository."""
+    """git's pathspec leaving out the store's own file or folder (and its packed form), where it lies in the
+    repository."""
     store = local_store_path(tracking_uri) if tracking_uri else None
     if not store:
         return []
@@ -93,7 +99,8 @@ def _exclude(tracking_uri: str | None, root: Path) -> list[str]:
         inside = Path(store).resolve().relative_to(root.resolve())
     except ValueError:
         return []
-    return [f":(exclude){inside}"]
+    # and its packed form, which git holds where the store itself is ignored (the reproduction's runs.db.xz)
+    return [f":(exclude){inside}", f":(exclude){inside}.xz"]
 
 
 def _user() -> str:

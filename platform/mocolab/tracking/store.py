@@ -26,7 +26,7 @@ from mocolab.tracking.uri import resolve_tracking_uri
 
 RUN_NAME_TAG = "mocolab.run_name"  # a training run's name: how a resumed run finds its MLflow run
 # a training run's manifest (config/manifest.py) beside its params: the run format, the mocolab that wrote it, the
-# fingerprint of its config; a run without the format tag was started in run format 1
+# fingerprint of its config; a run without the format tag reads as run format 1
 FORMAT_TAG = "mocolab.run_format"
 VERSION_TAG = "mocolab.version"
 FINGERPRINT_TAG = "mocolab.config_fingerprint"
@@ -42,6 +42,7 @@ PARENT_TAG = "mocolab.sweep_parent"  # on the parent only: how a resumed sweep f
 PARENT_ID_TAG = "mlflow.parentRunId"
 FAILURE_TAG = "mocolab.failure_reason"
 STOPPED_AT_TAG = "mocolab.stopped_at_epoch"  # a trial a scheduler stopped early: the epochs it completed
+RUNS_PAGE_SIZE = 1000  # runs per search request (``Store.search_all`` reads every page)
 # The final metrics a trials table carries (besides label, status, run id and params).
 TRIAL_METRICS = ("linear_top1", "knn_top1", "final_loss", "ema_half_life", "max_staleness_bound", "pretext_acc",
                  "staleness_mean", "staleness_max", "drift_cos", "stored_cos")
@@ -63,7 +64,7 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
         row["commit"] = tags.get("mlflow.source.git.commit", "")[:12]
         row["precision"] = tags.get("mocolab.precision", "")
         row["torch"] = tags.get("mocolab.torch", "")
-        row["code"] = tags.get(CODE_TAG, "")[:8] or "unknown"  # the code that made it (unknown: before fingerprints)
+        row["code"] = tags.get(CODE_TAG, "")[:8] or "unknown"  # the code that made it (unknown: none recorded)
         row["code_segments"] = tags.get(SEGMENTS_TAG, "")  # a run continued across code changes
         row.update({f"params.{k}": _num(v) for k, v in params.items() if k != CODE_PARAM})
         row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
@@ -123,14 +124,28 @@ class Store:
         return True
 
     def runs(self, experiment_id: str, *, parent_run_id: str | None = None, running_only: bool = False) -> list[Run]:
-        """Runs of an experiment (oldest first); with ``parent_run_id`` only that sweep's children."""
+        """Runs of an experiment (oldest first), every one of them; with ``parent_run_id`` only that sweep's
+        children."""
         clauses = []
         if parent_run_id:
             clauses.append(f"tags.`{PARENT_ID_TAG}` = '{_quote(parent_run_id)}'")
         if running_only:
             clauses.append("attributes.status = 'RUNNING'")
-        return self.client.search_runs([experiment_id], " and ".join(clauses), max_results=5000,
-                                       order_by=["attributes.start_time ASC"])
+        return self.search_all([experiment_id], " and ".join(clauses), order_by=["attributes.start_time ASC"])
+
+    def search_all(self, experiment_ids: list[str], filter_string: str = "", *,
+                   order_by: list[str] | None = None) -> list[Run]:
+        """Every run a search matches, read page by page: one request of any size is capped by the server
+        (and by MLflow's own limit), and a report that silently lost the newest runs would mislead."""
+        runs: list[Run] = []
+        token = None
+        while True:
+            page = self.client.search_runs(experiment_ids, filter_string, max_results=RUNS_PAGE_SIZE,
+                                           order_by=order_by, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
 
     def trial_runs(self, experiment_id: str, parent_run_id: str | None = None) -> list[Run]:
         """A sweep's children, or every trial of an experiment (its sweeps' parent runs left out)."""
@@ -187,6 +202,28 @@ class Store:
             self.client.log_batch(run_id, params=items[i:i + 100])
 
 
+class HistoryCache:
+    """Metric histories of runs that have ended, kept across the rebuilds of a live report (``--watch``).
+
+    An ended run's history no longer changes (a run resumed later ends again at another time, and is then
+    read afresh), so a report rebuilt at every trial's end reads each trial's curves once in all rather
+    than once per rebuild: reads grow with the trials, not with trials times rebuilds.  Runs still
+    running are read every time.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str, str, int], list[tuple[int, float]]] = {}
+
+    def history(self, store: Store, run: Run, key: str) -> list[tuple[int, float]]:
+        """(step, value) pairs of ``key`` in ``run``, by step (``Store.metric_history``)."""
+        if run.info.status == "RUNNING" or run.info.end_time is None:
+            return store.metric_history(run.info.run_id, key)
+        slot = (store.uri, run.info.run_id, key, int(run.info.end_time))
+        if slot not in self._kept:
+            self._kept[slot] = store.metric_history(run.info.run_id, key)
+        return self._kept[slot]
+
+
 class SweepRun:
     """A sweep's parent run, found again by the sweep's name: a resumed sweep keeps one parent."""
 
@@ -229,7 +266,7 @@ class SweepRun:
     def done_labels(self, statuses: Iterable[str] = ("finished", "diverged"), code: str | None = None) -> set[str]:
         """Labels of the trials whose outcome is settled: a resumed sweep does not run them again.  With
         ``code`` (this checkout's code fingerprint) a trial is settled only if its latest run was made by that
-        code, or before fingerprints existed (code unknown: kept, not retrained for lacking one)."""
+        code, or records no code (code unknown: kept, not retrained for lacking one)."""
         wanted = set(statuses)
         return {r.data.tags.get("trial") for r in latest_trial_runs(self.children())
                 if r.data.tags.get(STATUS_TAG) in wanted

@@ -103,20 +103,33 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
 
 
 UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` listens by default
+# Runs a compare link names: every id is ~40 characters of the address, and MLflow's compare page slows
+# down with many runs; the sweep link lists all of a sweep's trials by a filter instead.
+COMPARE_MAX_RUNS = 10
 
 
-def ui_links(experiment_id: str, run_ids: list[str] | None = None, base: str = UI_URL) -> dict[str, str]:
-    """Addresses in the MLflow UI (3.x) that open on what a researcher wants, with no clicks of setup.
+def ui_links(experiment_id: str, run_ids: list[str] | None = None, base: str = UI_URL,
+             parent_run_id: str | None = None) -> dict[str, str]:
+    """Addresses in the MLflow UI (3.x) that open on what a researcher wants, with no clicks of setup,
+    and stay short whatever the number of runs.
 
     A bare experiment address opens MLflow 3.17's GenAI overview in a new browser (its workflow switch
     defaults to GenAI, and no experiment tag changes that); ``?workflowType=machine_learning`` opens the
-    runs list. The compare page takes the run and experiment ids as JSON lists.
+    runs list. ``sweep``: the runs list filtered to the children of ``parent_run_id``: the runs page reads
+    its search box from ``searchFilter`` in its own address (``#/experiments/<id>/runs``; the bare
+    experiment address redirects there without it) and shows the parent row, the trials under its [+].
+    ``compare``: the compare page, which takes run and experiment ids as JSON lists, on the first
+    ``COMPARE_MAX_RUNS`` of ``run_ids`` (give them best first).
     """
     base = base.rstrip("/")
     links = {"runs": f"{base}/#/experiments/{experiment_id}?workflowType=machine_learning"}
+    if parent_run_id:
+        query = urlencode({"workflowType": "machine_learning",
+                           "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'"}, quote_via=quote)
+        links["sweep"] = f"{base}/#/experiments/{experiment_id}/runs?{query}"
     if run_ids:
-        query = urlencode({"runs": json.dumps(list(run_ids)), "experiments": json.dumps([experiment_id])},
-                          quote_via=quote)
+        query = urlencode({"runs": json.dumps(list(run_ids)[:COMPARE_MAX_RUNS]),
+                           "experiments": json.dumps([experiment_id])}, quote_via=quote)
         links["compare"] = f"{base}/#/compare-runs?{query}"
     return links
 

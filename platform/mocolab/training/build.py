@@ -146,6 +146,12 @@ def build_run(cfg: Config, source: TrainSource, device: torch.device, world_size
                             precision, labels=training_labels(source), classes=source.classes)
         model = build_method(cfg, parts).to(device)
     encoder = model.encoder_q
+    if cfg.run.channels_last:  # 4-D weights in NHWC; the trainer hands the views over in the same layout
+        model.to(memory_format=torch.channels_last)
+    if cfg.run.compile:  # in place: the modules, their names and their checkpoints stay as they are
+        for module in (encoder, model.key_encoder):
+            if module is not None:
+                module.compile()
     if world_size > 1:  # DDP over the query encoder only: the queue and f_k stay out of its broadcasts
         ids = [device.index] if device.type == "cuda" else None
         model.encoder_q = nn.parallel.DistributedDataParallel(encoder, device_ids=ids)

@@ -7,7 +7,7 @@ is, without training or evaluating again.  An ended run made by other code stays
 trains the config as a new run beside it, named with its fingerprint (``<name>-c<digest>``); one line names
 the old run and its result.  A run that was interrupted under other code is refused: continuing it would mix
 two versions of the method in one encoder, unless the user asks to and the change is recorded as a segment.
-Runs made before fingerprints existed read as "code unknown": for ``mocolab train`` other code, for a sweep's
+Runs without a fingerprint read as "code unknown": for ``mocolab train`` other code, for a sweep's
 finished trial its result (a study of days is not retrained for lacking a fingerprint).
 """
 
@@ -60,8 +60,8 @@ class Ended:
 
 
 def ended_run(run_dir: Location, tracker: Any, name: str, parent_run_id: str | None = None) -> Ended | None:
-    """The run ``name`` if it has ended: its folder's record, else (a run that ended before such records
-    existed) its MLflow run's final metrics, code unknown unless the run is tagged with it."""
+    """The run ``name`` if it has ended: its folder's record, else (a run whose folder holds no such
+    record) its MLflow run's final metrics, code unknown unless the run is tagged with it."""
     record = read_outcome(run_dir)
     if record is not None:
         return Ended(**{k: v for k, v in record.items() if k in Ended.__dataclass_fields__})

@@ -64,7 +64,7 @@ class TrainOutcome:
 
 # Ray settings a local Ray on one machine is better off without (ensure_ray): Ray Train's preemption
 # watcher (nothing on one machine is preempted) and the workers Ray prestarts for the first driver, one per
-# CPU, most of which sit idle until they exit (a suite run left 111 idle, 154 CPU s: benchmarks/RESULTS.md)
+# CPU, most of which sit idle until they exit (benchmarks/RESULTS.md, "Where the suite's CPU goes")
 LOCAL_RAY_OFF = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "RAY_prestart_worker_first_driver")
 
 
@@ -178,7 +178,7 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
             made_here = started.code_fingerprint.digest == code.digest
             if ended is not None:
                 ran_here = ended.code == code.digest
-                # a sweep's trial made before fingerprints keeps its result; a run never does silently
+                # a sweep's trial without a fingerprint keeps its result; a run never does silently
                 if ran_here or reuse_other_code or (tune_trial and ended.code == UNKNOWN):
                     progress(f"run '{name}' has ended ({describe(ended.code)}"
                              f"{', this checkout' if ran_here else ''}): {ended.result()}; nothing to train "

@@ -27,6 +27,8 @@ from mocolab.method.queue_layouts import ShardedKeyQueue
 from mocolab.config import Config
 from mocolab.method.diagnostics import DriftProbes, age_histogram
 from mocolab.evaluation.scoring import extract_features
+from mocolab.data.augment import Normalise, centre_views, to_float
+from mocolab.method.async_copy import to_device
 from mocolab.method.protocol import Method, MethodOutput
 from mocolab.data.sources import TrainSource
 from mocolab.models.vision_transformer import PatchGradNorm
@@ -61,21 +63,37 @@ class DriftMonitor(Monitor):
                  batch: int) -> None:
         self.model, self.source, self.device = model, source, device
         store = model.dictionary
-        self.probes = DriftProbes(store.slots, cfg.eval.drift_probes, cfg.model.dim) \
+        self.probes = DriftProbes(store.slots, cfg.eval.drift_probes, cfg.model.dim, device=device) \
             if store is not None and cfg.eval.drift_probes else None
+        self.normalise = Normalise(source.channels).to(device)  # for the probes' embeddings, on the device
+        self.size = source.image_size  # the probes embed the evaluation's view of each image
         # a sharded queue's slots are this rank's own keys: each rank follows its own, without collectives
         self.local = isinstance(store, ShardedKeyQueue)
         self.offset = 0 if self.local else rank * batch  # this rank's images in a step's written slots
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Unit embeddings of un-augmented uint8 images by the dictionary's writer, in eval mode (no RNG)."""
-        return F.normalize(extract_features(self.model.writer, images, self.device), dim=1)
+        """Unit embeddings of un-augmented uint8 images by the dictionary's writer, in eval mode (no RNG),
+        on the host: an epoch's measurement."""
+        return F.normalize(extract_features(self.model.writer, centre_views(images, self.size), self.device), dim=1)
+
+    @torch.no_grad()
+    def embed_on_device(self, images: torch.Tensor) -> torch.Tensor:
+        """``embed`` left on the device (the same operations, so the same values): a step's probe hits,
+        which must not wait for the device."""
+        writer = self.model.writer
+        was_training = writer.training
+        writer.eval()
+        try:
+            x = centre_views(to_device(images, self.device), self.size)  # a whole-image canvas: its centre crop
+            return F.normalize(writer(self.normalise(to_float(x))).float(), dim=1)
+        finally:
+            writer.train(was_training)
 
     def after_forward(self, step: int, out: MethodOutput, images: torch.Tensor, index: torch.Tensor | None) -> None:
         if self.probes is None or out.written is None or index is None:
             return
-        self.probes.observe(out.written, self.offset, index, images, self.embed, step,
-                            collective=not self.local, device=self.device)
+        self.probes.observe(out.written, self.offset, index, images, self.embed_on_device, step,
+                            collective=not self.local)
 
     def ages(self, step: int) -> torch.Tensor:
         """Ages in steps of this rank's stored negatives as the next step sees them (empty: no store)."""
@@ -88,7 +106,7 @@ class DriftMonitor(Monitor):
         if self.probes is not None:
             keys = self.model.dictionary.keys
             probes = self.probes.measure(step, self.source.images_at, self.embed,
-                                         stored=keys[self.probes.slots.to(keys.device)])
+                                         stored=keys[to_device(self.probes.slots, keys.device)])
             if probes is not None:
                 out["probes"] = probes
         return out

@@ -12,6 +12,8 @@ import math
 
 # What a sweep's trial reserves for its own function beside its workers: it only waits on its Train run.
 TRIAL_DRIVER_CPUS = 0.05
+# How a run asks for no GPU, in the config's words (`mocolab train`; a sweep has a flag of its own)
+RUN_NO_GPU = "--set run.gpus_per_worker=0 (with run.device auto or cpu)"
 
 
 def threads_for(cpus_per_worker: float) -> int:
@@ -34,9 +36,11 @@ def node_capacities() -> list[dict[str, float]]:
 
 
 def check_placement(workers: int, cpus_per_worker: float, gpus_per_worker: float, *, extra_cpus: float = 0.0,
-                    nodes: list[dict[str, float]] | None = None, what: str = "run", placement: str = "pack") -> None:
+                    nodes: list[dict[str, float]] | None = None, what: str = "run", placement: str = "pack",
+                    no_gpu: str = RUN_NO_GPU) -> None:
     """Raise ValueError, naming what was asked and what exists, if ``workers`` workers of
-    (``cpus_per_worker`` CPU, ``gpus_per_worker`` GPU) plus ``extra_cpus`` can never be placed."""
+    (``cpus_per_worker`` CPU, ``gpus_per_worker`` GPU) plus ``extra_cpus`` can never be placed. ``no_gpu``: how
+    the command that asked asks for no GPU, which the refusal of a GPU advises."""
     if cpus_per_worker <= 0:
         raise ValueError(f"run.cpus_per_worker: {cpus_per_worker} must be > 0")
     if gpus_per_worker < 0:
@@ -47,7 +51,7 @@ def check_placement(workers: int, cpus_per_worker: float, gpus_per_worker: float
              + (f" + {extra_cpus:g} CPU for its driver" if extra_cpus else ""))
     if gpus_per_worker > 0 and not any(n["GPU"] >= gpus_per_worker for n in nodes):
         raise ValueError(f"{asked}, but no node has {gpus_per_worker:g} GPU ({have}); "
-                         f"use --set run.gpus_per_worker=0 (and run.device=cpu) on a CPU-only cluster")
+                         f"on a CPU-only cluster ask for none: {no_gpu}")
     if not any(n["CPU"] >= cpus_per_worker for n in nodes):
         raise ValueError(f"{asked}, but no node has {cpus_per_worker:g} CPU ({have}); lower run.cpus_per_worker")
     fit = 0
@@ -89,7 +93,7 @@ def worker_gpus(device: str, gpus_per_worker: float, workers: int, nodes: list[d
         gpus_per_worker = 1.0 if has_gpu else 0.0
     if workers > 1 and gpus_per_worker != int(gpus_per_worker):
         raise ValueError(f"run.gpus_per_worker: {gpus_per_worker:g} with run.num_workers={workers} would put two "
-                         f"NCCL ranks on one GPU, which NCCL refuses; allowed: whole GPUs (1, 2, ...) with several "
+                         f"NCCL ranks on one GPU, which NCCL refuses; allowed: whole GPUs (one a rank) with several "
                          f"workers, a fraction with one")
     return gpus_per_worker
 

@@ -6,7 +6,7 @@ so the code that runs is the code that was submitted, also when a node has an
 older mocolab installed.  The environment (torch, Ray, MLflow, ...) is large
 and changes rarely: it belongs to the nodes' image, not to each job.  Ray's
 ``pip`` runtime env would clone the whole environment per node and download
-what is missing (measured here: 6 GB copied, 42 s, and no laptop cluster has
+what is missing (gigabytes per node, and no laptop cluster has
 PyPI), so instead the driver pins the versions it runs with and checks every
 node against them before any trial starts; a node that differs is an error
 naming the node, the package and the two versions.

@@ -43,6 +43,8 @@ import torch.distributed as tdist
 from mocolab.config import Config
 from mocolab.data.sets import DEFAULT_IMAGEFOLDER_SIZE, fill_unreadable, rank_positions
 from mocolab.method.collectives import rank_and_world
+from mocolab.data.augment import centre_views
+from mocolab.data.canvas import StoreLayout
 from mocolab.data.image_index import Decoder, ImageIndex, build_index, decode, decode_bytes
 from mocolab.data.sources import (DEFAULT_MAX_BAD_FRACTION, EVAL_CHUNK, DatasetRecord, UnreadableFiles, eval_order,
                                   file_list_digest, subset_positions)
@@ -50,12 +52,14 @@ from mocolab.data.sources import (DEFAULT_MAX_BAD_FRACTION, EVAL_CHUNK, DatasetR
 TASK_IMAGES = 256  # images a decode task aims for: batches smaller than this are decoded several to a task
 
 
-def _decode_block(batch: dict[str, np.ndarray], size: int, decoder: Decoder) -> dict[str, np.ndarray]:
+def _decode_block(batch: dict[str, np.ndarray], layout: StoreLayout, decoder: Decoder,
+                  centre: bool) -> dict[str, np.ndarray]:
+    """Each block's canvases (data/canvas.py); ``centre``: the evaluation's centre crops of them instead."""
     torch.set_num_threads(1)  # decode tasks share the node with the trainers
     images, unreadable = [], []
     for refs in batch["refs"]:
-        x, bad = decode(list(refs), size, decoder)
-        images.append(x.numpy())
+        x, bad = decode(list(refs), layout, decoder)
+        images.append((centre_views(x, layout.view) if centre else x).numpy())
         unreadable.append(bad.numpy())
     return {"images": np.stack(images), "unreadable": np.stack(unreadable)}
 
@@ -73,15 +77,19 @@ def _union_over_ranks(names: set[str]) -> set[str]:
 class StreamSource:
     """A split streamed through Ray Data; the ``TrainSource`` the Trainer reads (data/sources.py).
 
-    ``decoder``: bytes to uint8 3×size×size, the shared ``decode_bytes`` unless a benchmark times another;
-    ``task_images``: images a decode task aims for (1: one batch per task)."""
+    ``decoder``: bytes to a uint8 canvas, the shared ``decode_bytes`` unless a benchmark times another;
+    ``task_images``: images a decode task aims for (1: one batch per task); ``layout``: how images are stored
+    (data/canvas.py; default: derived from the index's image size). Training batches and ``images_at`` are
+    whole-image canvases, as in memory; evaluation reads the centre crops."""
 
     kind = "streamed"
 
     def __init__(self, train: ImageIndex, test: ImageIndex, *, tasks: int = 2,
                  max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, decoder: Decoder = decode_bytes,
-                 task_images: int = TASK_IMAGES, say: Callable[[str], None] = print) -> None:
+                 task_images: int = TASK_IMAGES, say: Callable[[str], None] = print,
+                 layout: StoreLayout | None = None) -> None:
         self.train, self.test, self.tasks, self.decoder, self.say = train, test, tasks, decoder, say
+        self.layout = layout or StoreLayout.derived(train.image_size)
         self.task_images = task_images
         self.size, self.test_size, self.classes = len(train), len(test), train.classes
         self.channels, self.image_size = train.channels, train.image_size
@@ -97,16 +105,18 @@ class StreamSource:
             keep = subset_positions(len(train), d.subset)
             train = dataclasses.replace(train, refs=tuple(train.refs[i] for i in keep), labels=train.labels[keep])
         return cls(train, build_index(d.name, d.root, "test", size), tasks=d.stream_tasks,
-                   max_bad_fraction=d.max_bad_fraction)
+                   max_bad_fraction=d.max_bad_fraction,
+                   layout=StoreLayout.derived(size, d.store_short_side, d.store_max_side))
 
     def notes(self) -> list[str]:
-        return [f"streamed through Ray Data: {self.size:,} training images ({self.train.decoded_bytes() / 2**20:,.0f} "
+        decoded = self.train.decoded_bytes(self.layout) / 2**20
+        return [f"streamed through Ray Data: {self.size:,} training images ({decoded:,.0f} "
                 f"MiB decoded, never held at once), {self.tasks} decode task(s) in flight per worker; unreadable "
                 f"files are reported as they are found, and more than data.max_bad_fraction="
                 f"{self.unreadable.max_fraction:g} of a split stops the run"]
 
-    def _stream(self, blocks: list[list[str]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(images, unreadable mask) per block, in the order of ``blocks``."""
+    def _stream(self, blocks: list[list[str]], centre: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(images, unreadable mask) per block, in the order of ``blocks``: canvases, or their centre crops."""
         import ray.data
 
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # not one line per epoch's dataset
@@ -123,7 +133,7 @@ class StreamSource:
         ds = ray.data.from_items([{"refs": b} for b in blocks], override_num_blocks=tasks)
         ds = ds.map_batches(_decode_block, batch_size=per_task, num_cpus=0,
                             compute=ray.data.TaskPoolStrategy(size=min(self.tasks, tasks)),
-                            fn_kwargs={"size": self.image_size, "decoder": self.decoder})
+                            fn_kwargs={"layout": self.layout, "decoder": self.decoder, "centre": centre})
         for out in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=1):
             # a copy: the block in the object store is read-only and is freed
             yield np.array(out["images"][0]), np.asarray(out["unreadable"][0], dtype=bool)
@@ -169,8 +179,12 @@ class StreamSource:
         for part, (images, bad) in zip(chunks, self._stream([[self.train.refs[i] for i in c] for c in chunks])):
             self._found("train", part, bad)
             parts.append(fill_unreadable(torch.from_numpy(images), torch.from_numpy(bad)))
-        return torch.cat(parts) if parts else torch.empty(0, self.channels, self.image_size, self.image_size,
-                                                          dtype=torch.uint8)
+        return torch.cat(parts) if parts else torch.empty(0, self.channels, *self.layout.canvas_hw, dtype=torch.uint8)
+
+    def labels_at(self, index):
+        """The training labels at these positions (an unreadable file's image is replaced by a readable
+        one of its batch, its label kept: the online probe reads it once in a while)."""
+        return torch.from_numpy(self.train.labels[index.cpu().numpy()])
 
     def eval_split(self, split, n):
         """Unreadable images are left out, as in memory."""
@@ -179,7 +193,7 @@ class StreamSource:
         chunks = [order[j:j + EVAL_CHUNK] for j in range(0, len(order), EVAL_CHUNK)]
         blocks = [[index.refs[i] for i in part] for part in chunks]
         grew = False
-        for part, (images, bad) in zip(chunks, self._stream(blocks)):
+        for part, (images, bad) in zip(chunks, self._stream(blocks, centre=True)):
             grew |= self._found(split, part, bad)
             keep = ~bad
             yield torch.from_numpy(images[keep]), torch.from_numpy(index.labels[part][keep])

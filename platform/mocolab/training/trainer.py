@@ -18,12 +18,15 @@ import torch
 from mocolab.data import sets as datasets
 from mocolab.method import collectives as mdist
 from mocolab.method import rng
+from mocolab.method.async_copy import to_device
 from mocolab.training.build import build_run, training_source
 from mocolab.config import Config
+from mocolab.config.step_metrics import step_metrics_interval
 from mocolab.evaluation.scoring import Evaluation, FinalScores
 from mocolab.evaluation.probe import ProbeResult
 from mocolab.config.hardware import keep_freed_memory, resolve_device
 from mocolab.training.monitors import DriftMonitor, FirstLayerGradNorm, Monitor
+from mocolab.training.online_probe import OnlineProbe
 from mocolab.data.sources import TrainSource
 
 # A loss above this (or NaN) ends a run as diverged: log(1 + K) is the loss of
@@ -32,6 +35,7 @@ DIVERGENCE_FACTOR = 10.0
 # A checkpoint's method parts besides encoder_q, in every checkpoint whatever the method (empty where it has
 # none), so one written by any method reads like any other
 CHECKPOINT_PARTS = ("encoder_k", "queue", "bank")
+PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass
@@ -59,6 +63,9 @@ class EpochRecord:
     # the epoch's dictionary diagnostics in full (age histogram, every probe's age and cosines): an artifact
     diagnostics: dict = field(default_factory=dict)
     val_knn_top1: float | None = None  # the monitor on the validation split (data.val_size), what a search reads
+    # the online probe (training/online_probe.py) with each kNN monitor, on the monitor's split
+    online_linear_top1: float | None = None
+    val_online_linear_top1: float | None = None
 
     def metrics(self) -> dict[str, float]:
         """Numeric fields for a metrics logger (None-valued monitors, per-step series and diagnostics left out)."""
@@ -141,6 +148,8 @@ class Trainer:
         self.model, self.encoder, self.augment = run.model, run.encoder, run.augment
         self.optimizer, self.schedule = run.optimizer, run.schedule
         self.batch, self.precision = run.batch, run.precision
+        # fp16's narrow range underflows small gradients: the loss is scaled, and the scale kept in checkpoints
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == torch.float16 else None
         # the loss of a uniform guess: log(1 + K) against the queue (a bank: its K draws); in-batch: log(2·B·W − 1);
         # v3: 2τ·log(B·W) per direction, two directions (each method's uniform_loss)
         self.divergence_threshold = DIVERGENCE_FACTOR * self.model.uniform_loss(cfg.optim.batch_size)
@@ -148,9 +157,16 @@ class Trainer:
         self.monitors: list[Monitor] = [self.drift, FirstLayerGradNorm(self.encoder.backbone)]
         self.evaluation = Evaluation(self.encoder, self.data, cfg.eval, device=self.device, dtype=self.precision,
                                      validation=bool(cfg.data.val_size))
+        # rank 0 alone: it scores, and the other ranks' features need not travel
+        self.online = OnlineProbe(self.encoder.backbone, self.data.labels_at, self.data.classes, self.device) \
+            if cfg.eval.online_probe and self.rank == 0 else None
+        if self.online is not None:
+            self.monitors.append(self.online)
+            self.evaluation.online = self.online.score
         # The augment stream is torch's global generator (kornia draws from it): the trainer keeps
         # its state and swaps it in while it trains (see method/rng.py).
         self.rng_state = rng.global_state("augment", cfg.run.seed, rank=self.rank)
+        self.step_metrics_interval = step_metrics_interval(cfg.run.step_metrics_every, self.schedule.total_steps)
         self.step = 0
         self.epoch = 0
         self.history: list[EpochRecord] = []
@@ -168,13 +184,13 @@ class Trainer:
 
     def records_step(self, step: int) -> bool:
         """Whether the per-step metrics of the step that makes the count ``step`` are kept: every
-        ``run.step_metrics_every``-th (a million-step run need not send a million points per series)."""
-        return step % self.cfg.run.step_metrics_every == 0
+        ``run.step_metrics_every``-th; by default as many as a chart draws (config/step_metrics.py)."""
+        return step % self.step_metrics_interval == 0
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         """Everything needed to continue bit-for-bit: weights, queue, optimizer, counters, RNG."""
-        # per part, unwrapped from DDP, so a checkpoint reads the same whatever W was; a part the method has
+        # per part, unwrapped from DDP, so a checkpoint reads the same whatever W is; a part the method has
         # not is saved empty
         parts = {name: part.state_dict() for name, part in self.model.checkpoint_parts().items()}
         shuffle = self.model.shuffle_generator
@@ -183,8 +199,10 @@ class Trainer:
             **{name: parts.pop(name, {}) for name in CHECKPOINT_PARTS},
             **parts,  # a method's part of another name
             "probes": self.drift.state_dict(),
+            "online_probe": self.online.state_dict() if self.online is not None else {},
             "moco_step": self.model.step.clone(),
             "optimizer": self.optimizer.state_dict(),
+            "grad_scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "step": self.step,
             "epoch": self.epoch,
             "rng": torch.get_rng_state() if self._in_epoch else self.rng_state,
@@ -199,16 +217,20 @@ class Trainer:
         self.encoder.load_state_dict(state["encoder_q"])
         for name, part in self.model.checkpoint_parts().items():  # the key encoder, the queue or the bank
             part.load_state_dict(state[name])
-        self.drift.load_state_dict(state.get("probes", {}))  # absent in checkpoints from before the probes
+        self.drift.load_state_dict(state.get("probes", {}))  # a checkpoint without probes loads with none
+        if self.online is not None:
+            self.online.load_state_dict(state.get("online_probe", {}))
         self.model.step.copy_(state["moco_step"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.rng_state = state["rng"]
         shuffle = self.model.shuffle_generator
         if shuffle is not None and state.get("shuffle_rng") is not None:
             shuffle.set_state(state["shuffle_rng"])
-        self.epoch_stats = EpochStats(**state["epoch_stats"])  # per_step absent before it existed: empty
-        self.data.unreadable.load_state_dict(state.get("unreadable", {}))  # absent before it was kept
+        self.epoch_stats = EpochStats(**state["epoch_stats"])  # a record without per_step loads it empty
+        self.data.unreadable.load_state_dict(state.get("unreadable", {}))  # none kept: nothing found damaged
         self.history = [EpochRecord(**h) for h in state["history"]]
 
     # ------------------------------------------------------------------ training
@@ -270,6 +292,8 @@ class Trainer:
         for monitor in self.monitors:
             monitor.before_step(record)
         im_q, im_k = self.augment(to_device(images, self.device))  # two views: B×C×H×W each
+        if self.cfg.run.channels_last:
+            im_q, im_k = (v.contiguous(memory_format=torch.channels_last) for v in (im_q, im_k))
         # MoCo forward: query encoder, EMA update of the key encoder, keys on a shuffled batch,
         # InfoNCE against the queue, enqueue the keys (method/moco.py); v3: both views, keys of the global batch
         out = self.model(im_q, im_k, None if index is None else to_device(index, self.device))
@@ -277,17 +301,28 @@ class Trainer:
             monitor.after_forward(self.step, out, images, index)
         loss_t = out.loss.detach().float()
         # decided across ranks: one rank's NaN stops every rank at this step, so no collective waits forever;
-        # the decision, the loss and the pretext accuracy reach the host in the step's one transfer
+        # the decision, the loss and the pretext accuracy reach the host in the step's one transfer.  It is
+        # the step's one wait for the device, kept: a garbage loss never updates the weights, and the GPU
+        # idles only while the host queues backward's first kernels (a decision taken a step late on the
+        # device would apply the bad update first, and checkpoints would have to hold it back)
         bad = mdist.any_rank_tensor(~torch.isfinite(loss_t) | (loss_t > self.divergence_threshold))
         loss, acc, diverged = torch.stack([loss_t, out.correct.float().mean(), bad.float()]).cpu().tolist()
         if diverged:
             return StepResult(loss, 0.0, lr, diverged=True, m=m)  # no update from a garbage loss
         self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()  # gradients reach the query encoder only; DDP averages them across ranks
+        if self.scaler is None:
+            out.loss.backward()  # gradients reach the query encoder only; DDP averages them across ranks
+        else:  # fp16: the scaled loss, the gradients unscaled before anything reads them
+            self.scaler.scale(out.loss).backward()
+            self.scaler.unscale_(self.optimizer)
         monitored: dict[str, float | None] = {}
         for monitor in self.monitors:  # the first layer's gradient norm
             monitored.update(monitor.after_backward(record))
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:  # skipped where a gradient overflowed (a host read: fp16's cost), and the scale adapted
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.step += 1
         return StepResult(loss, acc, lr, diverged=False, m=m, monitored=monitored)
 
@@ -320,7 +355,7 @@ class ConsoleProgress:
                  f"{m_txt}, {dictionary}, {cfg.optim.name} "
                  f"lr {cfg.effective_lr:g}, batch={cfg.optim.batch_size} "
                  f"on {tr.world_size} rank(s), {tr.schedule.total_steps} steps on {tr.device} "
-                 f"({'bf16' if tr.precision else 'fp32'} encoders) with {torch.get_num_threads()} threads"
+                 f"({PRECISION_NAMES[tr.precision]} encoders) with {torch.get_num_threads()} threads"
                  + (f", resuming at step {tr.step}" if tr.step else ""))
         for note in tr.data.notes():
             self.say(f"  {note}")
@@ -345,6 +380,9 @@ class ConsoleProgress:
         which, monitor = ("val kNN", rec.val_knn_top1) if val else ("kNN", rec.knn_top1)
         knn_txt = (f"{which} {100 * monitor:.2f}%" if monitor is not None
                    else (f"{which} at the end" if rec.step >= total else f"{which} -"))
+        online = rec.val_online_linear_top1 if val else rec.online_linear_top1
+        if online is not None:
+            knn_txt += f"  online probe {100 * online:.2f}%"
         stored = tr.model.dictionary is not None  # fresh negatives (v3, in-batch) have no age to show
         drift_txt = (f"  key drift cos {rec.drift_cos:.3f} (age ≤ {rec.staleness_max:.0f})"
                      if rec.drift_cos is not None and stored else "")
@@ -361,16 +399,9 @@ class ConsoleProgress:
     def done(self, scores: FinalScores) -> None:
         val_txt = (f"  (validation: linear {100 * scores.val_linear:.2f}%, kNN {100 * scores.val_knn:.2f}%)"
                    if scores.val_linear is not None else "")
+        online = f"  online probe {100 * scores.online:.2f}%" if scores.online is not None else ""
         self.say(f"done in {fmt_time(time.perf_counter() - self.t_start)}: linear top-1 "
-                 f"{100 * scores.probe.test_top1:.2f}%  kNN top-1 {100 * scores.knn:.2f}%{val_txt}")
-
-
-def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A loader's CPU batch on the training device.  To a GPU through pinned memory, so the copy is
-    asynchronous and the host runs ahead; on the CPU the batch itself."""
-    if device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
-        batch = batch.pin_memory()
-    return batch.to(device, non_blocking=True)
+                 f"{100 * scores.probe.test_top1:.2f}%  kNN top-1 {100 * scores.knn:.2f}%{online}{val_txt}")
 
 
 def fmt_time(seconds: float) -> str:
@@ -435,6 +466,8 @@ def run_training(cfg: Config, *, on_epoch: Callable[[EpochRecord], None] | None 
     if tr.history:
         tr.history[-1].knn_top1 = scores.knn
         tr.history[-1].val_knn_top1 = scores.val_knn
+        if tr.evaluation.monitor_split == "test":  # the online probe's curve ends on the split it ran on
+            tr.history[-1].online_linear_top1 = scores.online
     console.done(scores)
     return TrainResult(scores.probe.test_top1, scores.knn, loss, tr.step, False, tr.history, knn_init, scores.probe,
                        linear_init, scores.val_linear, scores.val_knn)
@@ -446,10 +479,14 @@ def _epoch_record(tr: Trainer, loss: float, pretext: float, rate: float, t0: flo
     last = tr.step >= tr.schedule.total_steps
     due = e.knn_every and tr.epoch % e.knn_every == 0 and not last  # the last one comes with the probe
     monitor = tr.evaluation.knn() if tr.is_main and due else None
-    knn, val_knn = (None, monitor) if tr.evaluation.monitor_split == "val" else (monitor, None)
+    online = tr.evaluation.last_online if monitor is not None else None
+    val = tr.evaluation.monitor_split == "val"
+    knn, val_knn = (None, monitor) if val else (monitor, None)
+    online, val_online = (None, online) if val else (online, None)
     measured = tr.measure_epoch()
     bound = cfg.max_staleness if cfg.uses_queue else 0.0
     return EpochRecord(epoch=tr.epoch, step=tr.step, loss=loss, lr=tr.schedule.lr(tr.step - 1),
                        m=tr.schedule.momentum(tr.step - 1), pretext_acc=pretext, knn_top1=knn, images_per_s=rate,
                        ema_half_life=cfg.ema_half_life, max_staleness_bound=bound, seconds=time.perf_counter() - t0,
-                       per_step=tr.last_epoch_series, val_knn_top1=val_knn, **measured)
+                       per_step=tr.last_epoch_series, val_knn_top1=val_knn, online_linear_top1=online,
+                       val_online_linear_top1=val_online, **measured)

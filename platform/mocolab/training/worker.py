@@ -24,6 +24,7 @@ from mocolab.config import Config
 from mocolab.data.sets import DEFAULT_IMAGEFOLDER_SIZE
 from mocolab.models.exported import FeatureExtractor, ProbeClassifier
 from mocolab.config.hardware import provenance
+from mocolab.data.canvas import StoreLayout
 from mocolab.data.sources import FINAL_ERRORS, TrainSource, choose_loader
 from mocolab.training.trainer import EpochRecord, Trainer, run_training
 from mocolab.config.manifest import FINAL_ERROR, RunManifest, check_resume
@@ -120,6 +121,8 @@ def log_trained_models(trainer: Trainer, result, args: WorkerArgs) -> None:
         print(f"MLflow: encoder logged as {uris[ENCODER]} (mocolab export {args.mlflow_run_id} --out DIR)")
 
 
+# the epoch monitors a run's best_<key> is taken over (the final_<key> keys are the end values)
+BEST_OF = ("knn_top1", "online_linear_top1", "val_knn_top1", "val_online_linear_top1")
 # metrics the tracking store did not take by the end of an attempt, beside the checkpoints, sent by the next
 UNSENT_METRICS = "unsent_metrics.json"
 DIAGNOSTICS_DIR = "negatives"  # the run's artifacts: epoch_NNNN.json per epoch, dictionary.png at the end
@@ -136,11 +139,30 @@ def log_dictionary_plot(logger: MetricsLogger, diagnostics: dict, drift: dict, c
         logger.log_figure(path, DIAGNOSTICS_DIR)
 
 
+def log_feature_map(trainer: Trainer, logger: MetricsLogger, cfg: Config) -> None:
+    """The features of a fixed class-balanced set of test images (analysis/feature_maps.py) in the run's
+    artifacts, float16: ``mocolab report`` maps them (t-SNE, seconds of CPU per run: too slow beside training on
+    a loaded two-core machine, benchmarks/RESULTS.md) and lays the arms' maps side by side."""
+    from mocolab.analysis import feature_maps as fm
+
+    n = cfg.eval.feature_map_images
+    sample = fm.balanced_sample(trainer.data.eval_split("test", None), n, trainer.data.classes) if n else None
+    if sample is None or len(sample[1]) < fm.MIN_IMAGES:
+        if n:
+            print(f"feature map: none (fewer than {fm.MIN_IMAGES} labelled test images)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = fm.save_features(Path(tmp) / fm.FEATURES_NAME, trainer.evaluation.features(sample[0]).numpy(),
+                                sample[1], fm.CLASS_NAMES.get(cfg.data.name, ()))
+        logger.log_figure(path, fm.MAP_DIR)
+
+
 def open_source(cfg: Config, say=None) -> TrainSource | None:
     """The streaming source when ``data.loader`` resolves to stream; None lets the Trainer decode into memory."""
     d = cfg.data
-    choice = choose_loader(d.name, d.loader, cfg.train_size, d.image_size or DEFAULT_IMAGEFOLDER_SIZE, 3,
-                           d.memory_budget_mb)
+    size = d.image_size or DEFAULT_IMAGEFOLDER_SIZE
+    choice = choose_loader(d.name, d.loader, cfg.train_size, size, 3, d.memory_budget_mb,
+                           StoreLayout.derived(size, d.store_short_side, d.store_max_side))
     if say is not None:
         say(choice.reason)
     if choice.loader == "stream":
@@ -256,6 +278,9 @@ def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogge
 
     def on_epoch(rec: EpochRecord) -> None:
         metrics = rec.metrics()
+        for key in BEST_OF:
+            if key in metrics:
+                monitor_best[key] = max(metrics[key], monitor_best.get(key, metrics[key]))
         if logger is not None:  # MLflow keeps the step itself: a "step" metric would only be noise in its UI
             # m comes once per step in the series (the epoch's value is its last point); the unreadable
             # images found so far beside the epoch's numbers, and named on the run's page
@@ -271,6 +296,8 @@ def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogge
                     drift[rec.epoch] = (probes["age"], probes["drift_cos"])
         _report(session, trainer, args.manifest, {**metrics, "epoch": rec.epoch}, keep)
 
+    # the largest value of each epoch monitor so far (kNN, the online probe): the run's best_* keys at its end
+    monitor_best: dict[str, float] = {}
     over_ranks: dict[str, float] = {}
 
     def before_evaluation(tr: Trainer) -> None:
@@ -290,22 +317,32 @@ def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogge
     final = {"final": 1.0, "steps": float(result.steps), "diverged": float(result.diverged),
              "final_loss": result.final_loss, **over_ranks}
     final["worker_rss_growth_mb"] = max(final["worker_rss_growth_mb"], memory.peak - memory.start)
+    scored = trainer.evaluation.last_final if result.linear_top1 is not None else None
+    extra = scored.extra_metrics() if scored is not None else {}  # knn20_top1, linear_top1_1pct, ...
     if result.linear_top1 is not None:
-        final.update(linear_top1=result.linear_top1, knn_top1=result.knn_top1)
+        final.update(linear_top1=result.linear_top1, knn_top1=result.knn_top1, **extra)
     if result.val_linear_top1 is not None:  # data.val_size: what model selection reads
         final.update(val_linear_top1=result.val_linear_top1, val_knn_top1=result.val_knn_top1)
+    if logger is not None and scored is not None:  # best over the epochs beside the end values (final_*)
+        final.update(logger.best_of(monitor_best), final_knn_top1=scored.knn,
+                     **({"final_online_linear_top1": scored.online} if scored.online is not None else {}))
     if logger is not None:
         logger.log_final({**{k: v for k, v in final.items()
                              if k in ("linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss",
-                                      "worker_rss_growth_mb", "worker_rss_growth_after_warmup_mb")},
+                                      "worker_rss_growth_mb", "worker_rss_growth_after_warmup_mb", *extra)
+                             or k.startswith(("best_", "final_"))},
                           **trainer.data.unreadable.metrics()},  # the evaluation's findings included
                          result.steps)
         for key, value in trainer.data.unreadable.tags().items():
             logger.set_tag(key, value)
+        if scored is not None and scored.low_label:  # each draw's low-label probe, beside the logged means
+            logger.set_tag("mocolab.low_label_draws", scored.low_label_text())
         if result.diverged:
             logger.set_tag("mocolab.diverged_at_step", str(result.steps))
         if last_diagnostics.get("age_histogram", {}).get("counts"):
             log_dictionary_plot(logger, last_diagnostics, drift, cfg)
+        if scored is not None:  # a finished run with labels: a picture of its features
+            log_feature_map(trainer, logger, cfg)
         if logger.close():
             run_dir.write_text(UNSENT_METRICS, logger.unsent())
             print(f"MLflow: the tracking store did not take {logger.lost} batch(es) of metrics; they are kept in "

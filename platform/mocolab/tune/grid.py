@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from mocolab.config import CHOICES, parse_overrides
+from mocolab.config.launch_fields import LAUNCH_SETTINGS
 from mocolab.tune.spec import Sweep, Trial, with_validation_split
 
 if TYPE_CHECKING:
@@ -22,9 +23,7 @@ EXPERIMENT = "sweeps"  # where `mocolab sweep` logs unless --experiment says oth
 SEED = "run.seed"
 # Fields every trial's run gets from the sweep and its launch (tune/spec.py: trial_overrides), and the flag that
 # sets each
-SWEEP_FIELDS = {"run.num_workers": "--workers-per-trial", "run.cpus_per_worker": "--cpus-per-worker",
-                "run.gpus_per_worker": "--gpus-per-worker", "run.experiment": "--experiment",
-                "run.output_dir": "--storage", "run.name": "--name"}
+SWEEP_FIELDS = LAUNCH_SETTINGS
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
@@ -95,7 +94,7 @@ def grid_sweep(grid: Mapping[str, Sequence[Any]], *, preset: str = "cpu-quick", 
                   base_overrides=dict(overrides or {}), **flags)
     if search == "grid":
         return Sweep(description=f"grid over {shown}; seeds {seeds}; preset {preset}",
-                     trials=grid_trials(grid, seeds), **common)
+                     trials=grid_trials(grid, seeds), scheduler=scheduler, **common)  # check_search refuses asha
     common["base_overrides"] = with_validation_split(preset, common["base_overrides"])  # what it selects on
     return Sweep(description=f"{search} search over {shown} ({samples} samples per seed) on {metric} of "
                              f"{common['base_overrides']['data.val_size']:,} held-out training images; seeds "

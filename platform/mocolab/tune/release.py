@@ -5,9 +5,9 @@ the trial, Tune ends the trial's actor, and with it (fate sharing) the Train
 controller it owns, before the controller can remove its workers' placement
 group. Ray Train leaves that to a cleaner actor that asks Ray's state API
 whether the controller is alive; that API needs the dashboard (which local
-studies do not start) and one Ray on the machine, so here the group was never
-removed: its CPUs stayed reserved and, on two cores, the next trial waited for
-them forever.
+studies do not start) and one Ray on the machine, so here the group would never
+be removed: its CPUs would stay reserved and, on two cores, the next trial
+would wait for them forever.
 
 Each worker reports the placement group it runs in (``PG_KEY``, with every
 report); when a trial ends for any reason, this callback removes the last

@@ -17,6 +17,10 @@ def check_search(search: str, scheduler: str, metric: str, mode: str) -> None:
         raise ValueError(f"search: unknown value {search!r}; choose one of {list(SEARCHERS)}")
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler: unknown value {scheduler!r}; choose one of {list(SCHEDULERS)}")
+    if search == "grid" and scheduler != "fifo":  # a grid's trials are its points: none is stopped or chosen
+        raise ValueError(f"--scheduler {scheduler}: stops a search's poor trials early, and --search grid runs "
+                         f"every point to its end; use --search random or optuna with --scheduler {scheduler}, "
+                         f"or drop --scheduler")
     if mode not in MODES:
         raise ValueError(f"mode: unknown value {mode!r}; choose one of {list(MODES)}")
     if not metric:

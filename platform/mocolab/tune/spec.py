@@ -7,13 +7,14 @@ input in a fraction of a second, and ``sweep.py`` then loads Ray and MLflow to r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from mocolab.config.addresses import check_addresses
 from mocolab.config.choices import REGISTER_METRICS
 from mocolab.config import Config, build_config, check_name
+from mocolab.config.launch_fields import LAUNCH_SETTINGS, launch_requests
 from mocolab.data.roots import check_data
 from mocolab.config.flags import check_number
 from mocolab.config.storage import Location
@@ -111,6 +112,13 @@ class Launch:
 
 LAUNCH_FIELDS = tuple(f.name for f in fields(Launch))
 
+# How a sweep asks for no GPU (the refusal of a GPU on a cluster without one advises it)
+NO_GPU = "--gpus-per-worker 0 (the default) and no --set run.gpus_per_worker (with run.device auto or cpu)"
+# The Launch's field of the three launch fields that size a trial's workers (run.experiment is the Sweep's
+# ``study``; config/launch_fields.py names all six)
+_LAUNCH_FIELD = {"run.num_workers": "workers_per_trial", "run.cpus_per_worker": "cpus_per_worker",
+                 "run.gpus_per_worker": "gpus_per_worker"}
+
 
 # ------------------------------------------------------------------ validation
 def selects(sweep: Sweep) -> bool:
@@ -192,6 +200,42 @@ def trial_overrides(sweep: Sweep, launch: Launch, place: SweepPlace, trial_cfg: 
     return label, over
 
 
+def settle_launch(sweep: Sweep, launch: Launch, given: Collection[str] = ()) -> tuple[Sweep, Launch]:
+    """The sweep and its launch with what its --set / --config values ask of the launch: a worker count, CPU or
+    GPU share (``run.num_workers``, ...) or experiment that no flag in ``given`` sets is taken from them.
+    ``given`` names the Launch fields their flags set, and ``"study"`` for --experiment. A value a flag also
+    sets, and run.output_dir and run.name, are left for ``check_sweep`` to compare with what the sweep sets."""
+    asked = launch_requests(sweep.base_overrides)
+    taken = {f: asked[k] for k, f in _LAUNCH_FIELD.items() if k in asked and f not in given}
+    if "run.experiment" in asked and "study" not in given:
+        sweep = replace(sweep, study=asked["run.experiment"])
+    return sweep, replace(launch, **taken)
+
+
+def check_launch_settings(sweep: Sweep, launch: Launch) -> None:
+    """A launch field that --set or --config gives (or a trial's overrides) is what the sweep runs its trials
+    with, or the sweep is refused naming it and the flag that sets it: never replaced without a word."""
+    sets = {"run.num_workers": launch.workers_per_trial, "run.cpus_per_worker": launch.cpus_per_worker,
+            "run.gpus_per_worker": launch.gpus_per_worker, "run.experiment": sweep.study}
+    for over in (sweep.base_overrides, *(t.overrides for t in sweep.trials)):
+        for key, value in launch_requests(over).items():
+            flag = LAUNCH_SETTINGS[key]
+            if key == "run.output_dir":
+                train = launch.place(sweep.name).train
+                if value != train:
+                    raise ValueError(f"run.output_dir: {value!r} (--set or --config), but a sweep keeps its "
+                                     f"trials' checkpoints in <storage>/<name>/train ({train}): choose the "
+                                     f"storage with {flag} and drop run.output_dir")
+            elif key == "run.name":
+                raise ValueError(f"run.name: {value!r} (--set or --config), but a sweep names each trial's run "
+                                 f"<sweep name>--<trial> ({sweep.name}--...): name the sweep with {flag} and "
+                                 f"drop run.name")
+            elif value != sets[key]:
+                has = "not given (the cluster's CPUs shared)" if sets[key] is None else f"{sets[key]}"
+                raise ValueError(f"{key}: {value!r} (--set or --config) and {flag} {has} disagree: give one "
+                                 f"of them, or the same value to both")
+
+
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)
 
@@ -204,6 +248,10 @@ def check_launch(launch: Launch) -> None:
                         ("--max-concurrent", launch.max_concurrent), ("--stop-after", launch.stop_after),
                         ("--watch", launch.watch_s)):
         check_number(flag, value)
+    if launch.gpus_per_worker > 1:  # the flag's range is also `mocolab cluster up`'s, whose nodes hold several
+        raise ValueError(f"--gpus-per-worker (run.gpus_per_worker): {launch.gpus_per_worker:g} is out of range; "
+                         f"allowed [0, 1]: one rank computes on one GPU (a fraction shares one), so more GPUs per "
+                         f"trial are more workers: --workers-per-trial N")
 
 
 def check_sweep(sweep: Sweep, launch: Launch) -> None:
@@ -214,6 +262,7 @@ def check_sweep(sweep: Sweep, launch: Launch) -> None:
     check_number("--samples", sweep.num_samples)
     check_launch(launch)
     check_search(sweep.search, sweep.scheduler, sweep.metric, sweep.mode)
+    check_launch_settings(sweep, launch)
     if sweep.search == "grid" and not sweep.trials:
         raise ValueError("the grid is empty: no trial to run (check the values given to the study)")
     if sweep.search != "grid":

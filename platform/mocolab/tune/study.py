@@ -20,8 +20,9 @@ from mocolab.config.flags import check_seeds, parse_checked
 from mocolab.training.interrupts import closing_on_signals, exit_code
 from mocolab.config.code_fingerprint import neutral_changes
 from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
+from mocolab.config.launch_fields import config_file_requests
 from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Launch, Sweep, Trial,
-                               check_sweep, register_warning)
+                               check_sweep, register_warning, settle_launch)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,10 +45,14 @@ def study_parser(description: str, default_name: str) -> argparse.ArgumentParser
                    help="a config of your own in the presets' form, applied to every trial over --preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field in every trial, e.g. --set optim.epochs=5")
-    p.add_argument("--workers-per-trial", type=int, default=1, help="Ray Train workers per trial (default 1)")
+    p.add_argument("--workers-per-trial", type=int, default=None,
+                   help="Ray Train workers per trial (default --set run.num_workers if given, else 1)")
     p.add_argument("--cpus-per-worker", type=float, default=None,
-                   help="CPUs per worker (default: the cluster's CPUs shared among concurrent trials)")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per worker (default 0)")
+                   help="CPUs per worker (default --set run.cpus_per_worker if given, else the cluster's CPUs "
+                        "shared among concurrent trials)")
+    p.add_argument("--gpus-per-worker", type=float, default=None,
+                   help="GPUs per worker, at most 1: more GPUs are more workers (default --set "
+                        "run.gpus_per_worker if given, else 0)")
     p.add_argument("--max-concurrent", type=int, default=None,
                    help="trials at once (default: as many as the CPUs hold)")
     p.add_argument("--storage", default=os.environ.get("MOCOLAB_STORAGE", "runs/sweeps"),
@@ -108,7 +113,8 @@ def momenta_of(args: argparse.Namespace) -> list[float]:
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     """--config's fields, then --set's: applied to every trial over the preset (and recorded as the
     sweep's settings, so a resume with another file is refused by name)."""
-    return {**(config_file_overrides(args.config) if args.config else {}), **parse_overrides(args.set)}
+    fields = config_file_requests(args.preset, config_file_overrides(args.config)) if args.config else {}
+    return {**fields, **parse_overrides(args.set)}
 
 
 def study_main(parser: argparse.ArgumentParser, argv: list[str] | None,
@@ -119,7 +125,7 @@ def study_main(parser: argparse.ArgumentParser, argv: list[str] | None,
     try:
         args = parse_checked(parser, argv)
         sweep, report = plan(args, seeds_of(args))
-        launch = launch_of(args)
+        sweep, launch = settle_launch(sweep, launch_of(args), launch_flags_given(args))
         check_sweep(sweep, launch)  # before the seconds of loading Ray, MLflow and torch
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -141,13 +147,21 @@ def make_sweep(args: argparse.Namespace, study: str, description: str, trials: l
 def launch_of(args: argparse.Namespace) -> Launch:
     """The Launch the common flags describe: workers and their share of the cluster, the stores, this
     invocation's budget and output, what a trial made by other code counts as."""
-    return Launch(workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
-                  gpus_per_worker=args.gpus_per_worker, max_concurrent=args.max_concurrent,
+    return Launch(workers_per_trial=1 if args.workers_per_trial is None else args.workers_per_trial,
+                  cpus_per_worker=args.cpus_per_worker,
+                  gpus_per_worker=0.0 if args.gpus_per_worker is None else args.gpus_per_worker,
+                  max_concurrent=args.max_concurrent,
                   tracking_uri=args.tracking_uri, storage=args.storage, stop_after=args.stop_after,
                   verbose=args.verbose, watch_s=args.watch, reuse_other_code=args.reuse_other_code,
                   continue_across_code=args.continue_across_code,
                   neutral_changes=tuple(sorted(neutral_changes(args.neutral_code_changes)))
                   if args.neutral_code_changes else ())
+
+
+def launch_flags_given(args: argparse.Namespace) -> set[str]:
+    """The Launch fields whose flags the command line gives: the others take a --set / --config value
+    (``spec.settle_launch``)."""
+    return {f for f in ("workers_per_trial", "cpus_per_worker", "gpus_per_worker") if getattr(args, f) is not None}
 
 
 def run_study(sweep: Sweep, launch: Launch, report: Report) -> int:
@@ -217,7 +231,8 @@ def _conclude(sweep: Sweep, launch: Launch, parent, report: Report, grid: Any = 
     """Summarise, report and close the parent run; the exit status. ``grid``: Tune's results of this
     invocation, for the trials that errored before their MLflow run existed."""
     from mocolab.analysis.report import build_report
-    from mocolab.tracking import ui_advice, ui_links
+    from mocolab.tracking import COMPARE_MAX_RUNS, ui_advice, ui_links
+    from mocolab.tracking.chart_view import publish_sweep_view
     from mocolab.tune.lost import unrecorded_errors
     from mocolab.tune.sweep import publish_report, ray_logs_dir
 
@@ -267,11 +282,17 @@ def _conclude(sweep: Sweep, launch: Launch, parent, report: Report, grid: Any = 
         parent.set_status("failed", mlflow_status="FAILED", reason=f"{what}: {detail}")
     print(f"\nMLflow: experiment '{sweep.study}', parent run {parent.run_id} with {len(trials)} child runs.")
     command, base = ui_advice(parent.uri)
-    links = ui_links(parent.experiment_id, list(trials["run_id"]), base)
+    best = trials.sort_values("linear_top1", ascending=False, na_position="last")
+    links = ui_links(parent.experiment_id, list(best["run_id"]), base, parent_run_id=parent.run_id)
     print(f"Open the UI: {command}, then" if command else "Open the UI: the MLflow server's own, at")
     print(f"  runs:    {links['runs']}")
+    print(f"  sweep:   {links['sweep']}")
     print(f"  compare: {links['compare']}")
-    print("           (Scatter Plot: X-axis moco.m or what the study varies, Y-axis linear_top1)")
+    view = publish_sweep_view(parent, trials, base, prefer=[k for t in sweep.trials for k in t.overrides])
+    if view:  # the studied param against linear_top1, charted (tracking/chart_view.py)
+        print(f"  view:    {view}")
+    shown = f"the {COMPARE_MAX_RUNS} best by linear_top1 of {len(trials)}; " if len(trials) > COMPARE_MAX_RUNS else ""
+    print(f"           ({shown}Scatter Plot: X-axis moco.m or what the study varies, Y-axis linear_top1)")
     if figure is not None:
         print(f"Plot: {figure}")
     print(f"Report: {rep.html}  (also under the parent run's artifacts, report/"

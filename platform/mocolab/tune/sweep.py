@@ -29,8 +29,8 @@ from mocolab.training.lock import NameLock
 from mocolab.config.code_fingerprint import code_fingerprint
 from mocolab.method.plugins import method_modules
 from mocolab.config.storage import is_uri
-from mocolab.tracking import (SWEEP_TAG, Store, SweepRun, check_tracking_uri, local_store_path, redact_uri,
-                        resolve_tracking_uri, source_tags)
+from mocolab.tracking import (SWEEP_TAG, HistoryCache, Store, SweepRun, check_tracking_uri, local_store_path,
+                              redact_uri, resolve_tracking_uri, source_tags)
 from mocolab.training import fit
 from mocolab.training.launch import ensure_ray
 from mocolab.training.resources import TRIAL_DRIVER_CPUS, check_placement, node_capacities, threads_for, worker_gpus
@@ -39,8 +39,8 @@ from mocolab.tune.lost import lost_trials
 from mocolab.tune.progress import SweepProgress
 from mocolab.tune.release import ReleaseEndedTrials
 from mocolab.tune.search import build_scheduler, build_searcher, tune_space
-from mocolab.tune.spec import (REGISTER_METRICS, Launch, Sweep, SweepPlace, Trial, check_sweep,  # noqa: F401
-                               trial_overrides)  # (Launch, Sweep, Trial re-exported)
+from mocolab.tune.spec import (NO_GPU, REGISTER_METRICS, Launch, Sweep, SweepPlace, Trial,  # noqa: F401
+                               check_sweep, trial_overrides)  # (Launch, Sweep, Trial re-exported)
 
 
 def resolve_resources(launch: Launch, cluster_cpus: float) -> tuple[int, float]:
@@ -186,9 +186,10 @@ def run_sweep(sweep: Sweep, launch: Launch, progress: Callable[[str], None] = pr
     gpus = worker_gpus(base.run.device, launch.gpus_per_worker, launch.workers_per_trial, nodes)
     if launch.workers_per_trial > 0:
         check_placement(launch.workers_per_trial, cpus, gpus, extra_cpus=TRIAL_DRIVER_CPUS,
-                        nodes=nodes, what="each trial")
+                        nodes=nodes, what="each trial", no_gpu=NO_GPU)
     else:
-        check_placement(1, _local_cpus(launch, cpus), gpus, nodes=nodes, what="each trial (local mode)")
+        check_placement(1, _local_cpus(launch, cpus), gpus, nodes=nodes, what="each trial (local mode)",
+                        no_gpu=NO_GPU)
     slots = _Slots(conc, cpus, base.optim.epochs, base.run.device)
     with NameLock(place.local, f"sweep '{sweep.name}'", say=progress):
         parent = open_parent(sweep, launch)
@@ -394,10 +395,11 @@ def _live_report(sweep: Sweep, launch: Launch, place: SweepPlace, parent: SweepR
 
     page = place.local / "report" / "report.html"
     progress(f"live report: {page} (reloads itself every {launch.watch_s} s while trials run)")
+    histories = HistoryCache()  # an ended trial's curves are read once, not at every rebuild
 
     def write() -> None:
         build_report(sweep.study, page.parent, parent_run=parent.run_id, tracking_uri=launch.tracking_uri,
-                     log_artifacts=False, refresh_s=launch.watch_s)
+                     log_artifacts=False, refresh_s=launch.watch_s, histories=histories)
         publish_report(place)
 
     return write

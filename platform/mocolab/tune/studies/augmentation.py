@@ -12,7 +12,7 @@ import argparse
 
 from mocolab.config.choices import AUGMENT_PRESETS as PRESETS
 from mocolab.tune import Trial
-from mocolab.tune.study import make_sweep, study_main, study_parser
+from mocolab.tune.study import make_sweep, overrides_of, study_main, study_parser
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,7 +33,10 @@ def plan(args: argparse.Namespace, seeds: list[int]):
         trials += [Trial(f"aug={a} seed={s}", {"augment.preset": a, "run.seed": s}) for s in seeds for a in PRESETS]
     if args.what in ("bn", "both"):
         # plain: one group, unshuffled; groups: split's groups, unshuffled; split: the groups, shuffled
-        modes = ["split", "groups", "plain"] + (["shuffle"] if args.workers_per_trial >= 2 else [])
+        # the workers a trial gets: the flag, else a --set / --config run.num_workers, else one
+        asked = overrides_of(args).get("run.num_workers", 1)
+        workers = int(args.workers_per_trial if args.workers_per_trial is not None else asked)
+        modes = ["split", "groups", "plain"] + (["shuffle"] if workers >= 2 else [])
         if "shuffle" not in modes:
             print("note: bn=shuffle needs --workers-per-trial >= 2; running split, groups and plain only")
         trials += [Trial(f"bn={b} seed={s}", {"moco.bn": b, "run.seed": s}) for s in seeds for b in modes]
