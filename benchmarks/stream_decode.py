@@ -51,6 +51,7 @@ import torch
 from mocolab.method import rng
 from mocolab.data.sets import rank_positions
 from mocolab.data.image_index import build_index, decode_bytes, decode_bytes_full
+from mocolab.data.canvas import StoreLayout
 from mocolab.training.stream import TASK_IMAGES, StreamSource, _decode_block
 
 WIDTH, HEIGHT = 500, 375  # ImageNet's most common shape
@@ -129,6 +130,7 @@ def ray_tasks_pass(root: Path, size: int, batch: int, tasks: int, decoder,
     """The stream's batches and decode function on plain Ray tasks, ``tasks`` in flight, results in order."""
     index = build_index("imagefolder", str(root), "train", size)
     decode_task = ray.remote(num_cpus=0)(_decode_block)
+    layout = StoreLayout.derived(size)  # the training stream's canvases (data/canvas.py)
     per_task = max(1, -(-task_images // batch))
 
     def run() -> Iterable[torch.Tensor]:
@@ -136,12 +138,12 @@ def ray_tasks_pass(root: Path, size: int, batch: int, tasks: int, decoder,
         blocks = [[index.refs[i] for i in rank_positions(perm, s, batch, 0, 1).tolist()]
                   for s in range(len(index) // batch)]
         todo = iter([{"refs": blocks[i:i + per_task]} for i in range(0, len(blocks), per_task)])
-        window = deque(decode_task.remote(group, size, decoder) for group in itertools.islice(todo, tasks))
+        window = deque(decode_task.remote(group, layout, decoder, False) for group in itertools.islice(todo, tasks))
         while window:
             out = ray.get(window.popleft())
             group = next(todo, None)
             if group is not None:
-                window.append(decode_task.remote(group, size, decoder))
+                window.append(decode_task.remote(group, layout, decoder, False))
             for images in out["images"]:
                 yield torch.from_numpy(np.array(images))
     return run

@@ -8,6 +8,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from conftest import mlflow_store
+from mocolab.analysis.probe_curves import ONLINE_KEYS
 from mocolab.analysis.report import CURVES, LEGEND_MAX, build_report, legend_groups
 from mocolab.tracking import store as store_module
 from mocolab.tracking.store import PARENT_ID_TAG, PARENT_TAG, STATUS_TAG, HistoryCache
@@ -53,7 +54,8 @@ def test_watch_rebuilds_read_each_ended_trial_once(tmp_path, monkeypatch):
                            log_artifacts=False, refresh_s=5, histories=histories)
         assert rep.trials == i + 1
         reads.append(CountingClient.reads)
-    assert reads == [len(CURVES)] * 6  # the new trial's curves (its epochs counted from its loss history)
+    # the new trial's curves (its epochs counted from its loss history) and its online-probe series
+    assert reads == [len(CURVES) + len(ONLINE_KEYS)] * 6
     assert "<td>3</td>" in rep.html.read_text()  # epochs done, from the kept histories
 
 

@@ -261,6 +261,7 @@ TAKES_HUGE = {
     "eval.linear_test": "capped at the set",
     "eval.drift_probes": "capped at the dictionary's slots", "run.checkpoint_every": "never within the run",
     "run.keep_checkpoints": "keeps all", "run.step_metrics_every": "never within the run",
+    "eval.feature_map_images": "capped at the test split",
     "run.max_failures": "retries that many times", "run.fault_step": "never reached",
     "data.image_size": "refused later by the memory check", "queue.size": "refused against the set size",
     "bank.negatives": "refused against the bank size", "vit.depth": "a deep model",

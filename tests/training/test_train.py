@@ -147,7 +147,7 @@ def test_dead_worker_restarts_from_checkpoint_and_completes(tmp_path, ray_sessio
     for key in ("linear_top1", "knn_top1", "lr", "m", "images_per_s", "staleness_mean", "staleness_max",
                 "ema_half_life", "max_staleness_bound", "pretext_acc"):
         assert key in run.data.metrics, key
-    assert [f.path for f in client.list_artifacts(out.mlflow_run_id)] == ["config.yaml", "negatives"]
+    assert [f.path for f in client.list_artifacts(out.mlflow_run_id)] == ["config.yaml", "feature_map", "negatives"]
     # the queue's diagnostics, one file per epoch, and the plot
     assert [f.path for f in client.list_artifacts(out.mlflow_run_id, "negatives")] == [
         "negatives/dictionary.png", "negatives/epoch_0001.json", "negatives/epoch_0002.json"]

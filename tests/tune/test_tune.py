@@ -459,7 +459,9 @@ def test_negatives_study_reports_ages_drift_and_accuracy_per_source(tmp_path):
             assert {"negatives/epoch_0001.json", "negatives/epoch_0002.json", "negatives/dictionary.png"} <= arts
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"summary.csv", "negatives.png"}
     report = tmp_path / "sweeps" / "negatives-cpu-quick-s0" / "report"
-    assert sorted(p.name for p in report.glob("*.png")) == ["curves.png", "negatives.png"]  # no momentum curve
+    # no momentum curve; the online probe's curves and the arms' feature maps
+    assert sorted(p.name for p in report.glob("*.png")) == ["curves.png", "feature_maps.png", "negatives.png",
+                                                            "online_probe.png"]
 
 
 @pytest.mark.slow
@@ -490,7 +492,9 @@ def test_vit_study_reports_accuracy_and_the_first_layer_gradient(tmp_path):
     assert len(rows) == 2 and all(float(row[-3]) > 0 for row in rows), res.stdout[-2000:]  # ‖g₁‖ max
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"summary.csv", "vit.png"}
     report = tmp_path / "sweeps" / "patch-vit-quick-s0" / "report"
-    assert sorted(p.name for p in report.glob("*.png")) == ["curves.png", "vit.png"]  # not the v1 paper's curve
+    # not the v1 paper's curve; the online probe's curves and the arms' feature maps
+    assert sorted(p.name for p in report.glob("*.png")) == ["curves.png", "feature_maps.png", "online_probe.png",
+                                                            "vit.png"]
 
 
 
