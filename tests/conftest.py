@@ -181,6 +181,34 @@ def _empty_mlflow_db() -> Path:
     return folder / "mlflow.db"
 
 
+class _Stopped(Exception):
+    def __init__(self, state: dict) -> None:
+        super().__init__("stopped")
+        self.state = state
+
+
+def checkpoint_mid_epoch(cfg, step: int) -> dict:
+    """The ``state_dict`` of a fresh Trainer of ``cfg`` stopped after ``step`` steps of its first epoch: what a
+    mid-epoch checkpoint holds, for the tests that resume from one."""
+    from mocolab.training.trainer import Trainer
+
+    def stop(tr) -> None:
+        if tr.step == step:
+            raise _Stopped(tr.state_dict())
+
+    with pytest.raises(_Stopped) as taken:
+        Trainer(cfg).train_epoch(on_step=stop)
+    return taken.value.state
+
+
+def assert_same_method_state(a, b) -> None:
+    """Two trainers' methods hold equal weights, buffers and dictionaries, to the bit (``_extra_state``, the
+    generators' pickled states, left out)."""
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(), strict=True):
+        if not name.endswith("_extra_state"):
+            assert torch.equal(x, y), name
+
+
 def mlflow_store(folder: Path, name: str = "mlflow.db", artifacts: str | None = None) -> str:
     """The sqlite URI of an MLflow store at ``folder / name``; where none is there yet, an empty one as MLflow
     makes it on first use (a copy of ``_empty_mlflow_db``), its Default experiment's artifacts at

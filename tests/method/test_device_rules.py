@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
+from conftest import assert_same_method_state, checkpoint_mid_epoch
 from gloo_launch import launch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -283,29 +284,14 @@ def test_a_checkpoint_holds_every_generator_a_step_draws_from():
                                  "queue.size": 256, "queue.policy": "random", "optim.max_steps": 12,
                                  "eval.knn_every": 0})
     full = Trainer(cfg)
-    stop_at = 5
-
-    def stop(tr):
-        if tr.step == stop_at:
-            raise _Stop(tr.state_dict())
-
-    with pytest.raises(_Stop) as taken:
-        Trainer(cfg).train_epoch(on_step=stop)
+    state = checkpoint_mid_epoch(cfg, 5)
     full.train_epoch()
     resumed = Trainer(cfg)
-    resumed.load_state_dict(taken.value.state)
+    resumed.load_state_dict(state)
     resumed.train_epoch()
     assert resumed.step == full.step == 12
-    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
-        if not name.endswith("_extra_state"):
-            assert torch.equal(a, b), name
+    assert_same_method_state(full, resumed)
     assert torch.equal(full.rng_state, resumed.rng_state)
-
-
-class _Stop(Exception):
-    def __init__(self, state: dict) -> None:
-        super().__init__("stopped")
-        self.state = state
 
 
 # --------------------------------------------------------------------------------------- the device, decided

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from test_verdict_rules import _rows as study_rows
 import pytest
 from scipy import stats as sps
 
@@ -27,18 +28,12 @@ SIZES = ("256", "1024", "4096", "16384")
 
 
 def _rows(name: str, arms: dict[str, dict[int, float]], tag: str | None = None) -> pd.DataFrame:
-    """A study's CSV: its arms, five random-init encoders at 84.7 and a raw-pixel probe at 83.8; every run
-    carrying ``tag`` in its plan-hash column (None: no such column, as in a store made before the tag)."""
-    rows = [{"study": name, "arm": arm, "seed": s, "status": "finished", "linear_top1": v, "knn_top1": v - 0.06,
-             "final_loss": 7.0, "pretext_acc": 0.3, "queue_size": 16384, "ema_half_life": 692.8,
-             "run_id": f"{arm}-{s}"} for arm, by in arms.items() for s, v in by.items()]
-    rows += [{"study": name, "arm": "random-init", "seed": s, "status": "finished", "linear_top1": 0.847,
-              "knn_top1": 0.70, "run_id": f"init-{s}"} for s in range(5)]
-    rows.append({"study": name, "arm": "raw-pixels", "seed": math.nan, "status": "finished", "linear_top1": 0.838,
-                 "knn_top1": 0.72, "run_id": "pixels"})
-    frame = pd.DataFrame(rows)
-    for col in ("commit", "dirty", "precision", "torch", "device", "data"):
-        frame[col] = {"precision": "bf16", "dirty": "false"}.get(col, "x")
+    """A study's CSV (test_verdict_rules's synthetic one, with the queue's K and m = 0.999's half-life on its
+    arms' rows); every run carrying ``tag`` in its plan-hash column (None: no such column, as in a store made
+    before the tag)."""
+    frame = study_rows(name, arms)
+    own = frame["arm"].isin(list(arms))
+    frame.loc[own, "queue_size"], frame.loc[own, "ema_half_life"] = 16384, 692.8
     if tag is not None:
         frame[PLAN_COLUMN] = tag
     return frame

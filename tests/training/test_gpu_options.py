@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_same_method_state, checkpoint_mid_epoch
 
 from mocolab.config import build_config
 from mocolab.training.trainer import Trainer
 
 SMALL = {"data.name": "synthetic", "data.subset": 512, "optim.batch_size": 32, "queue.size": 256,
          "optim.max_steps": 6, "eval.knn_every": 0, "eval.drift_probes": 16}
-
-
-class _Stop(Exception):
-    def __init__(self, state: dict) -> None:
-        super().__init__("stopped")
-        self.state = state
 
 
 def _first_losses(steps: int = 2, **sets) -> tuple[Trainer, list[float]]:
@@ -39,21 +34,13 @@ def test_fp16_scales_the_loss_and_resumes_its_scale_and_weights_equal():
     full = Trainer(cfg)
     assert full.precision == torch.float16 and full.scaler is not None
     full.train_epoch()
-
-    def stop(tr):
-        if tr.step == 3:
-            raise _Stop(tr.state_dict())
-
-    with pytest.raises(_Stop) as taken:
-        Trainer(cfg).train_epoch(on_step=stop)
-    assert taken.value.state["grad_scaler"]["scale"] > 0
+    state = checkpoint_mid_epoch(cfg, 3)
+    assert state["grad_scaler"]["scale"] > 0
     resumed = Trainer(cfg)
-    resumed.load_state_dict(taken.value.state)
+    resumed.load_state_dict(state)
     resumed.train_epoch()
     assert resumed.scaler.state_dict() == full.scaler.state_dict()
-    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
-        if not name.endswith("_extra_state"):
-            assert torch.equal(a, b), name
+    assert_same_method_state(full, resumed)
     assert Trainer(build_config("smoke", SMALL)).scaler is None  # fp32: no scale
 
 

@@ -4,18 +4,13 @@ changes what the encoder learns, resumes with its run, and costs a step little."
 from __future__ import annotations
 
 import torch
+from conftest import assert_same_method_state, checkpoint_mid_epoch
 
 from mocolab.config import build_config
 from mocolab.training.trainer import Trainer, run_training
 
 SMALL = {"data.name": "synthetic", "data.subset": 512, "optim.batch_size": 32, "queue.size": 256,
          "optim.max_steps": 12, "eval.knn_every": 0, "eval.drift_probes": 16}
-
-
-class _Stop(Exception):
-    def __init__(self, state: dict) -> None:
-        super().__init__("stopped")
-        self.state = state
 
 
 def _trained(online: bool) -> Trainer:
@@ -29,9 +24,7 @@ def test_the_online_probe_leaves_the_encoder_bit_for_bit_as_it_was_and_learns():
     probe draws from no random stream and sends no gradient into the encoder), and the probe's head moved."""
     on, off = _trained(True), _trained(False)
     assert on.step == off.step == 12
-    for (name, a), b in zip(on.model.state_dict().items(), off.model.state_dict().values(), strict=True):
-        if not name.endswith("_extra_state"):
-            assert torch.equal(a, b), name
+    assert_same_method_state(on, off)
     assert torch.equal(on.rng_state, off.rng_state)
     assert off.online is None and on.online is not None
     assert on.online.head.weight.abs().sum() > 0  # it trained, from its zero start
@@ -43,14 +36,7 @@ def test_the_online_probe_resumes_from_a_mid_epoch_checkpoint_as_if_never_stoppe
     full = Trainer(cfg)
     full.train_epoch()
 
-    def stop(tr):
-        if tr.step == 5:
-            raise _Stop(tr.state_dict())
-
-    try:
-        Trainer(cfg).train_epoch(on_step=stop)
-    except _Stop as taken:
-        state = taken.state
+    state = checkpoint_mid_epoch(cfg, 5)
     assert state["online_probe"]["head"]["weight"].abs().sum() > 0
     resumed = Trainer(cfg)
     resumed.load_state_dict(state)
