@@ -123,6 +123,14 @@ NEGATIVES = ("in batch", "memory bank", "queue fifo m=0.999", "queue random m=0.
 QUEUE_ARM, IN_BATCH = NEGATIVES[2], NEGATIVES[0]
 SYMMETRIC = "queue fifo symmetric m=0.999"  # the queue arm of NEGATIVES with moco.symmetric=true
 SUPERVISED = "supervised"  # method.name of the supervised bound
+BATCH_KEYS = "batch keys m=0.999"  # the key encoder's keys of the global batch as negatives: no queue
+# negatives_ablation.py --settings: the one-change control between the symmetric queue arm and the in-batch arm
+CONTROL = (BATCH_KEYS, SYMMETRIC, IN_BATCH)
+# negatives_ablation.py --settings: FIFO against random replacement where the key encoder moves fast enough for a
+# key's age to matter (m = 0.99: half-life 69 steps), and at the paper's m, where it should not (693 steps)
+STALENESS = ("queue fifo m=0.99", "queue random m=0.99", "queue fifo m=0.999", "queue random m=0.999")
+# the final evaluation's instruments beside the full probe, logged by every run since they were fixed
+# (evaluation/low_label.py, the k = 20 kNN): the studies below re-run earlier ones with them, under new names
 # vit_ablation.py --compare-versions: each version's own recipe (head, tau, augmentation, optimiser)
 VERSIONS = ("v1 convnet", "v2 convnet", "v3 convnet", "v3 vit_tiny")
 CONVNET = ("model.backbone=convnet", "model.width=32", "vit.patch_size=0", "vit.depth=0")
@@ -191,6 +199,23 @@ STUDIES: tuple[Study, ...] = (
     Study("supervised-cpu-full", "momentum_ablation.py", "cpu-full", "method.name", (SUPERVISED,), 5, None,
           "The supervised bound: cpu-full's backbone, augmentation and steps, trained with the labels",
           extra=("--momenta", "0.999", "--set", f"method.name={SUPERVISED}"), reference=SUPERVISED),
+    # The studies below were planned, with their rules (repro/claims.py), before any of their runs; each runs on
+    # one kind of CPU, its paired arms included (none borrowed), so that its verdicts can be shown to follow rules
+    # that came first. First the one-change control: the symmetric queue arm and the in-batch arm differ in the
+    # key encoder and in where the negatives come from; batch keys keeps the key encoder and takes the batch's
+    # keys as negatives. They are listed in the order they run.
+    Study("control-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, CONTROL, 5, "--settings",
+          "A one-change control: the key encoder's batch keys beside the symmetric queue and in-batch arms, "
+          "cpu-full budget", extra=("--momenta", "0.999"), reference=SYMMETRIC),
+    Study("staleness-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, STALENESS, 5, "--settings",
+          "Staleness: FIFO against random replacement at m = 0.99, where a key's age should matter, and at "
+          "m = 0.999, where it should not; cpu-full budget", extra=("--momenta", "0.99,0.999"),
+          reference="queue fifo m=0.99"),
+    Study("bn-probes-cpu-full", "augmentation_ablation.py", "cpu-full", "moco.bn", BN_MODES_RANKS, 5, None,
+          "Batch norm on two ranks at cpu-full, with the low-label probes and the k = 20 kNN",
+          extra=("--what", "bn"), reference="shuffle", workers=2),
+    Study("momentum-probes-cpu-full", "momentum_ablation.py", "cpu-full", "moco.m", (0.9, 0.99, 0.999), 5,
+          "--momenta", "Momentum of the key encoder at cpu-full, with the low-label probes and the k = 20 kNN"),
     Study("versions-vit-quick", "vit_ablation.py", "vit-quick", LABEL, VERSIONS, 3, None,
           "MoCo v1, v2 and v3 at one budget (vit-quick's data, batch and epochs)", extra=("--compare-versions",),
           reference="v2 convnet", baseline_sets=CONVNET),
