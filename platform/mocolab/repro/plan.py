@@ -163,19 +163,15 @@ STUDIES: tuple[Study, ...] = (
     Study("bn-ranks-cpu-quick", "augmentation_ablation.py", "cpu-quick", "moco.bn", BN_MODES_RANKS, 3, None,
           "Batch norm on two ranks: the paper's cross-rank shuffle beside the unshuffled arms, cpu-quick budget",
           extra=("--what", "bn"), reference="shuffle", workers=2),
-    # The memory bank writes each entry once an epoch: at cpu-quick's 3 epochs its pretext accuracy stayed at
-    # 0 % and its loss above a uniform guess (benchmarks/RESULTS.md, "Sources of negatives"). cpu-full's 10
-    # epochs give every entry 10 writes, the plan's longest budget; every source trains as long.
+    # The memory bank writes each entry once an epoch, so a short budget gives it few writes (benchmarks/RESULTS.md,
+    # "Sources of negatives"): cpu-full's 10 epochs, the plan's longest budget, and every source trains as long.
     Study("negatives-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, NEGATIVES, 3, None,
           "Sources of negatives: in-batch, memory bank, queue (FIFO, random), cpu-full budget",
           extra=("--momenta", "0.999"), reference="queue fifo m=0.999"),
-    # At cpu-full's 10 epochs the bank did not learn (pretext accuracy 0.1 %, below random-init). A 30-epoch
-    # pilot (seed 0, read on the validation split: results/pilot/bank-30ep.txt) showed why: its first epochs
-    # fit the bank's random initial entries (val kNN 57 % after epoch 1), the stored entries caught up with the
-    # encoder only by epoch 15 or so (key drift cos 0.97), and pretext accuracy rose from 0.1 % at epoch 12 to
-    # 8 % at 29, val kNN to 76 %. So the bank alone, three times as long, against the FIFO queue of
-    # negatives-cpu-full (10 epochs, the same seeds); its arm is the bank's field. It reads cpu-full's bar of
-    # "learning is plain": the queue it is set against trains at cpu-full, and no MoCo arm trains at 30 epochs.
+    # The bank alone, three times as long, against the FIFO queue of negatives-cpu-full (10 epochs, the same seeds):
+    # at 10 epochs its stored entries had not caught up with the encoder (a 30-epoch pilot on the validation split,
+    # results/pilot/bank-30ep.txt, traced why). Its arm is the bank's field. It reads cpu-full's bar of "learning is
+    # plain": the queue it is set against trains at cpu-full, and no MoCo arm trains at 30 epochs.
     Study("bank-30ep-cpu-full", "momentum_ablation.py", "cpu-full", "moco.negatives", ("memory_bank",), 3, None,
           "The memory bank trained three times as long: cpu-full at 30 epochs",
           extra=("--momenta", "0.999", "--set", "moco.negatives=memory_bank", "--set", "optim.epochs=30"),
