@@ -223,3 +223,30 @@ def test_mocolab_repro_tags_every_run_a_study_makes_and_the_export_writes_the_ta
     _log(store, exp_id, s.name, build_config("smoke", {"run.seed": 0}), Baseline("random-init", 0, 0.74, 0.84))
     frame = pd.read_csv(export(s, store, tmp_path / "results"), dtype={PLAN_COLUMN: str})
     assert list(frame[PLAN_COLUMN]) == [plan_tag(s)] and carries(frame[PLAN_COLUMN][0], rules_hash(s))
+
+
+def test_the_secondary_metrics_stand_beside_a_verdict_they_never_decide_and_queue_arms_show_their_key_ages(tmp_path):
+    """The staleness study, synthetic: FIFO above random at m = 0.99 on the full probe (its verdict), the 1 % probe
+    reversed and the k = 20 kNN absent from the runs (no rows for it); each arm's logged key ages beside the bound."""
+    s = study("staleness-cpu-full")
+    base = {s_: 0.87 + 0.001 * NOISE[0, s_] for s_ in range(5)}
+    arms = {arm: {k: v + (0.02 if arm == "queue fifo m=0.99" else 0.0) + 0.0005 * NOISE[i + 1, k]
+                  for k, v in base.items()} for i, arm in enumerate(s.arms)}
+    frame = study_rows(s.name, arms)
+    own = frame["arm"].isin(list(arms))
+    fifo_99 = frame["arm"] == "queue fifo m=0.99"
+    frame["linear_top1_1pct"] = np.where(own, 0.60 + np.where(fifo_99, -0.05, 0.0), np.nan)
+    frame["linear_top1_1pct"] += 0.002 * np.resize(NOISE[5], len(frame))
+    frame["max_staleness_bound"] = np.where(own, 64.0, np.nan)
+    random = frame["arm"].str.startswith("queue random")
+    frame["staleness_mean"] = np.where(own, np.where(random, 63.9, 32.5), np.nan)
+    frame["staleness_max"] = np.where(own, np.where(random, 700.0, 64.0), np.nan)
+    section = _section(_write(tmp_path, {s.name: frame}), s.title)
+    claim = _line(section, "- *FIFO's young keys beat random replacement's old ones")
+    assert "`queue fifo m=0.99` > `queue random m=0.99`: **reproduced**" in claim  # the full probe decides
+    assert "Secondary metrics" in section and "k = 20" in section.split("Secondary metrics")[1].split("\n")[0]
+    rows = [r for r in section.splitlines() if r.startswith("| queue fifo m=0.99 > queue random m=0.99 |")]
+    assert len(rows) == 1 and "| linear top-1 on 1 % of the labels | 5 | -5.00" in rows[0]
+    assert "**reversed**" in rows[0] and "kNN k = 20 top-1 |" not in section  # logged by none: no row
+    assert "| queue random m=0.99 | 5 | 64 | 63.9 [63.9, 63.9] | 700 [700, 700] |" in section
+    assert "| queue fifo m=0.999 | 5 | 64 | 32.5 [32.5, 32.5] | 64 [64, 64] |" in section

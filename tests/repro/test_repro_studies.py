@@ -199,6 +199,49 @@ def test_the_queue_study_at_cpu_full_runs_its_four_sizes_as_a_grid_and_bad_sizes
         chosen_sizes(args("256", grid=False), {})
 
 
+def test_the_studies_planned_before_their_runs_launch_exactly_their_arms_and_judge_only_planned_pairs():
+    """The control, the staleness pair and the re-runs with the new instruments: their command lines, parsed by
+    their scripts as `mocolab repro` launches them, make one trial per arm and seed and no other, every arm with
+    the config its name says; each of their claims compares arms the study itself runs (none borrowed), and the
+    budget can test it."""
+    from mocolab.config.flags import parse_checked
+    from mocolab.repro.preregistration import rules
+    from mocolab.tune.studies import negatives
+    from mocolab.tune.study import seeds_of
+
+    expect = {"control-cpu-full": {"batch keys m=0.999": {"moco.negatives": "batch_keys", "moco.m": 0.999},
+                                   "queue fifo symmetric m=0.999": {"moco.negatives": "queue", "moco.m": 0.999,
+                                                                    "queue.policy": "fifo", "moco.symmetric": True},
+                                   "in batch": {"moco.negatives": "in_batch"}},
+              "staleness-cpu-full": {f"queue {p} m={m}": {"moco.negatives": "queue", "queue.policy": p,
+                                                          "moco.m": float(m)}
+                                     for m in ("0.99", "0.999") for p in ("fifo", "random")}}
+    for name, arms in expect.items():
+        s = study(name)
+        assert set(s.arms) == set(arms) and not s.borrow and s.seeds == 5 and s.preset == "cpu-full"
+        line = s.command("bf16", 1)
+        args = parse_checked(negatives.parser(), line[1:])
+        sweep, _ = negatives.plan(args, seeds_of(args))
+        made = {(t.label.rsplit(" seed=", 1)[0], t.overrides["run.seed"]) for t in sweep.trials}
+        assert made == {(a, seed) for a in s.arms for seed in range(5)}
+        assert len(sweep.trials) == 5 * len(arms)
+        for t in sweep.trials:
+            arm = t.label.rsplit(" seed=", 1)[0]
+            assert {k: v for k, v in t.overrides.items() if k != "run.seed"} == arms[arm], arm
+        planned = rules(s)
+        pairs = [p for c in planned["claims"] for p in c["pairs"]]
+        assert len(pairs) == 2 and all(p["testable"] for p in pairs), name
+        assert all(p["a"] in s.arms and p["b"] in s.arms for p in pairs), name
+    for name, by, arms in (("bn-probes-cpu-full", "moco.bn", ("plain", "groups", "split", "shuffle")),
+                           ("momentum-probes-cpu-full", "moco.m", ("0.9", "0.99", "0.999"))):
+        s = study(name)
+        assert (s.by, s.arms, s.seeds) == (by, arms, 5) and not s.borrow
+        assert rules(s)["secondary_metrics"] == ["knn20_top1", "linear_top1_1pct", "linear_top1_10pct"]
+    bad = parse_checked(negatives.parser(), ["--momenta", "0.999", "--settings", "queue random m=0.99"])
+    with pytest.raises(ValueError, match="--settings: .*queue random m=0.99.* allowed: in batch"):
+        negatives.plan(bad, [0])
+
+
 def test_every_study_script_runs_its_grid_seed_by_seed_so_a_study_stopped_part_way_pairs_across_its_arms():
     from mocolab.config.flags import parse_checked
     from mocolab.tune.studies import augmentation, momentum, negatives, queue, vit

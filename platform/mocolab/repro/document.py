@@ -24,8 +24,8 @@ from mocolab.analysis.momentum_plots import PAPER_MOMENTUM  # noqa: E402
 from mocolab.repro.claims import FAIL_LOSS_FRACTION, FAIL_PRETEXT, RANDOM_INIT  # noqa: E402
 from mocolab.repro.claims import PLAIN_BARS  # noqa: E402
 from mocolab.repro.judging import (RULES, Plain, Registration, budget_bar, by_seed, claim_lines, claim_table,  # noqa: E402
-                                   contrast_lines, diff_points, judge_contrasts, judge_study, plan_table, rules_line,
-                                   tested_at)
+                                   contrast_lines, diff_points, judge_contrasts, judge_secondary, judge_study,
+                                   plan_table, rules_line, secondary_table, tested_at)
 from mocolab.repro.preregistration import PLAN_COLUMN, rules_hash  # noqa: E402
 from mocolab.repro.inputs import check_results  # noqa: E402
 from mocolab.repro.plan import (HEADLINE_BEGIN, HEADLINE_END, HISTORY, LABEL, SAME_CONFIG, STUDIES, SUPERVISED,  # noqa: E402
@@ -349,6 +349,7 @@ def _verdict_block(study: Study, frame: pd.DataFrame, claims, baselines, steps: 
     the budget's bar: a study section's end."""
     registration = Registration(rules_hash(study, steps), frame)
     table = claim_table(claims, steps, plain, contrasts=contrasts, span=span, registration=registration)
+    secondary = secondary_table(judge_secondary(claims, study, frame, steps), steps, plain)
     base = claim_table(baselines, steps, plain, baseline=True, registration=registration)
     return [
         *([*claim_lines(claims, plain, elsewhere, span), *contrast_lines(contrasts, plain, span)]
@@ -356,6 +357,8 @@ def _verdict_block(study: Study, frame: pd.DataFrame, claims, baselines, steps: 
         rules_line(study, registration, [*claims, *baselines], contrasts),
         "",
         *(table + [""] if table else []),
+        *(secondary + [""] if secondary else []),
+        *_key_ages(study, frame),
         *(["### Baseline checks", "",
            "Each arm's linear top-1 against the random-init encoder of its seed, a Holm family of its own, by "
            "the same rules: *above its start* (significant), *below its start*, *within the margin of its start* "
@@ -365,6 +368,34 @@ def _verdict_block(study: Study, frame: pd.DataFrame, claims, baselines, steps: 
         plain.line,
         "",
     ]
+
+
+AGE_FIELDS = ("queue.size", "moco.negatives")  # besides the negatives script's: where arms' key ages differ
+
+
+def _key_ages(study: Study, frame: pd.DataFrame) -> list[str]:
+    """Each queue arm's measured key ages (the last epoch's mean and oldest, steps since a stored key was
+    written) beside the FIFO bound K/(B·W): what MoCo's staleness argument rests on, where the runs logged it."""
+    if (study.script != "negatives_ablation.py" and study.by not in AGE_FIELDS or "staleness_max" not in frame
+            or not frame["staleness_max"].notna().any()):
+        return []
+    rows = []
+    for arm in _arms(study, frame):
+        g = frame[(frame["arm"] == arm) & (frame["status"] == "finished")].drop_duplicates("seed")
+        g = g[g["staleness_max"].notna() & (g["staleness_max"] > 0)]
+        if len(g):
+            bound = g["max_staleness_bound"].astype(float).mean()
+            bound = bound if bound > 0 else math.nan  # a bank's or the batch's: no FIFO bound
+            rows.append(f"| {arm} | {len(g)} | {_num(bound, '.0f')} | {g['staleness_mean'].mean():.1f} "
+                        f"[{g['staleness_mean'].min():.1f}, {g['staleness_mean'].max():.1f}] | "
+                        f"{g['staleness_max'].mean():.0f} [{g['staleness_max'].min():.0f}, "
+                        f"{g['staleness_max'].max():.0f}] |")
+    if not rows:
+        return []
+    return ["Key ages, measured (the stored negatives' age in steps since written, each run's last epoch; mean over "
+            "seeds [lowest, highest seed]) beside the FIFO bound K/(B·W): a FIFO queue's oldest key is the bound; "
+            "random replacement keeps some far longer.", "",
+            "| arm | seeds | FIFO bound | mean age | oldest age |", "|---|---|---|---|---|", *rows, ""]
 
 
 def _zero_diagnostics(frame: pd.DataFrame) -> list[str]:

@@ -17,9 +17,13 @@ from mocolab.tracking.store import BASELINE_SET_TAG as SET_TAG
 from mocolab.tracking.store import BASELINES_EXPERIMENT as BASELINES
 from mocolab.repro.plan import HISTORY, LABEL, Study, word
 
+# the final evaluation's instruments beside the full probe (repro/claims.py's SECONDARY_METRICS) and the
+# measured key ages a queue arm sets beside its bound; empty in a run made before they were logged
+INSTRUMENTS = ("knn20_top1", "linear_top1_1pct", "linear_top1_10pct")
+AGES = ("staleness_mean", "staleness_max")
 COLUMNS = ["study", "arm", "seed", "status", "linear_top1", "knn_top1", "final_loss", "pretext_acc", "queue_size",
            "ema_half_life", "max_staleness_bound", "commit", "dirty", "precision", "torch", "device", "data",
-           "run_id", "code", "code_segments", "changed", "plan_hash"]
+           "run_id", "code", "code_segments", "changed", "plan_hash", *INSTRUMENTS, *AGES]
 # the MLflow experiment each study script logs to (its make_sweep's study); the parent run is tagged with --name
 EXPERIMENTS = {"momentum_ablation.py": "momentum-ablation", "queue_ablation.py": "queue-ablation",
                "augmentation_ablation.py": "augmentation-ablation", "negatives_ablation.py": "negatives-ablation",
@@ -101,7 +105,11 @@ def _trial_row(study: Study, run, arm: str, t: pd.Series) -> dict:
             "linear_top1": t["linear_top1"], "knn_top1": t["knn_top1"], "final_loss": t["final_loss"],
             "pretext_acc": run.data.metrics.get("pretext_acc", math.nan), "queue_size": t.get("params.queue.size"),
             "ema_half_life": t["ema_half_life"], "max_staleness_bound": t["max_staleness_bound"],
-            "data": t["data"], **_common(run)}
+            "data": t["data"], **_common(run), **_metrics(run, INSTRUMENTS + AGES)}
+
+
+def _metrics(run, keys: tuple[str, ...]) -> dict[str, float]:
+    return {k: run.data.metrics.get(k, math.nan) for k in keys}
 
 
 def _baselines(study: Study, store: Store) -> list[dict]:
@@ -118,5 +126,6 @@ def _baselines(study: Study, store: Store) -> list[dict]:
                      "status": run.data.tags.get(STATUS_TAG, "finished"), "linear_top1": m["linear_top1"],
                      "knn_top1": m["knn_top1"], "final_loss": math.nan, "pretext_acc": math.nan,
                      "queue_size": math.nan, "ema_half_life": math.nan, "max_staleness_bound": math.nan,
-                     "data": "", **_common(run)})
+                     "data": "", **_common(run), **_metrics(run, INSTRUMENTS),
+                     **{k: math.nan for k in AGES}})
     return rows

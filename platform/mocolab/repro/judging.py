@@ -13,12 +13,14 @@ from mocolab.analysis.stats import Comparison, contrast, fmt_p, order_weights, p
 from mocolab.analysis.verdicts import (BELOW_MARGIN, EQUAL, FAILS, GREATER, INCONCLUSIVE, NOT_REPRODUCED,
                                        NOT_TESTABLE, NOT_YET, REPRODUCED, REVERSED, Judged, judge)
 from mocolab.repro.claims import (ALPHA, BASELINE_CHECK, GROUPS, HALF_LIVES, LEARNED, MARGINS, ORDER, PLAIN_BARS,
-                                  PLAIN_KNN, PLAIN_LINEAR, POWER, RANDOM_INIT, SHARED_HALF_LIVES, SLOPE, Claim,
-                                  Contrast, paper_claims)
+                                  PLAIN_KNN, PLAIN_LINEAR, POWER, RANDOM_INIT, SECONDARY_METRICS, SHARED_HALF_LIVES,
+                                  SLOPE, Claim, Contrast, paper_claims)
 from mocolab.repro.plan import Study
 from mocolab.repro.preregistration import PLAN_COLUMN, carries, in_study
 
-METRIC_WORD = {"linear_top1": "linear top-1", "knn_top1": "kNN top-1", "pretext_acc": "pretext accuracy"}
+METRIC_WORD = {"linear_top1": "linear top-1", "knn_top1": "kNN top-1", "pretext_acc": "pretext accuracy",
+               "knn20_top1": "kNN k = 20 top-1", "linear_top1_1pct": "linear top-1 on 1 % of the labels",
+               "linear_top1_10pct": "linear top-1 on 10 % of the labels"}
 KIND_WORD = {GREATER: ">", EQUAL: "≈", FAILS: "no better than"}
 
 
@@ -91,6 +93,45 @@ def judge_claim(claim: Claim, study: Study, frame: pd.DataFrame, steps: int) -> 
     comps = [paired(by_seed(frame, a, claim.metric), by_seed(frame, b, claim.metric), (a, b)) for a, b in pairs]
     testable = [steps >= claim.steps(pair) for pair in pairs]
     return list(zip(pairs, judge(comps, claim.kind, claim.margin, alpha=ALPHA, power=POWER, testable=testable)))
+
+
+def judge_secondary(claims: Sequence[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], study: Study,
+                    frame: pd.DataFrame, steps: int) -> list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]:
+    """Each linear-probe claim's comparisons again on every secondary metric the runs logged (repro/claims.py's
+    SECONDARY_METRICS): one Holm family per claim and metric, by the claim's own rule at the metric's margin.
+    They stand beside the claim's verdict and never decide it."""
+    out = []
+    for claim, _ in claims:
+        if claim.metric != "linear_top1":
+            continue
+        for metric in SECONDARY_METRICS:
+            if metric not in frame or not frame[metric].notna().any():
+                continue
+            twin = Claim(claim.words, claim.pairs, claim.kind, metric, claim.momenta, claim.control, claim.m,
+                         claim.paper)
+            rows = judge_claim(twin, study, frame, steps)
+            if any(j.comparison.n for _, j in rows):
+                out.append((twin, rows))
+    return out
+
+
+def secondary_table(judged: Sequence[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], steps: int,
+                    plain: Plain) -> list[str]:
+    """The secondary metrics' rows: each comparison, its test, its detectable effect and what its rule would
+    read (marked secondary: the claim's verdict is its primary metric's)."""
+    if not judged:
+        return []
+    out = [f"Secondary metrics ({', '.join(METRIC_WORD[m] for m in SECONDARY_METRICS)}): the same comparisons, "
+           "each metric a Holm family per claim, at the metric's margin; they never decide a verdict.", "",
+           f"| comparison | metric | seeds | Δ points [95 %] | p (Holm) | no-effect p (Holm) | detectable at "
+           f"{100 * POWER:.0f} % power | reads (secondary) |", "|---|---|---|---|---|---|---|---|"]
+    for claim, rows in judged:
+        for (a, b), j in rows:
+            c = j.comparison
+            out.append(f"| {a} {KIND_WORD[claim.kind]} {b} | {METRIC_WORD[claim.metric]} | {c.n} | "
+                       f"{diff_points(c)} | {fmt_p(c.p_holm)} | {fmt_p(j.p_equivalence)} | {_pts(j.detectable)} | "
+                       f"{verdict_text(j, plain, control=claim.control)} |")
+    return out
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,14 @@ NEGATIVES = ("in batch", "memory bank", "queue fifo m=0.999", "queue random m=0.
 QUEUE_ARM, IN_BATCH = NEGATIVES[2], NEGATIVES[0]
 SYMMETRIC = "queue fifo symmetric m=0.999"  # the queue arm of NEGATIVES with moco.symmetric=true
 SUPERVISED = "supervised"  # method.name of the supervised bound
+BATCH_KEYS = "batch keys m=0.999"  # the key encoder's keys of the global batch as negatives: no queue
+# negatives_ablation.py --settings: the one-change control between the symmetric queue arm and the in-batch arm
+CONTROL = (BATCH_KEYS, SYMMETRIC, IN_BATCH)
+# negatives_ablation.py --settings: FIFO against random replacement where the key encoder moves fast enough for a
+# key's age to matter (m = 0.99: half-life 69 steps), and at the paper's m, where it should not (693 steps)
+STALENESS = ("queue fifo m=0.99", "queue random m=0.99", "queue fifo m=0.999", "queue random m=0.999")
+# the final evaluation's instruments beside the full probe, logged by every run since they were fixed
+# (evaluation/low_label.py, the k = 20 kNN): the studies below re-run earlier ones with them, under new names
 # vit_ablation.py --compare-versions: each version's own recipe (head, tau, augmentation, optimiser)
 VERSIONS = ("v1 convnet", "v2 convnet", "v3 convnet", "v3 vit_tiny")
 CONVNET = ("model.backbone=convnet", "model.width=32", "vit.patch_size=0", "vit.depth=0")
@@ -155,19 +163,15 @@ STUDIES: tuple[Study, ...] = (
     Study("bn-ranks-cpu-quick", "augmentation_ablation.py", "cpu-quick", "moco.bn", BN_MODES_RANKS, 3, None,
           "Batch norm on two ranks: the paper's cross-rank shuffle beside the unshuffled arms, cpu-quick budget",
           extra=("--what", "bn"), reference="shuffle", workers=2),
-    # The memory bank writes each entry once an epoch: at cpu-quick's 3 epochs its pretext accuracy stayed at
-    # 0 % and its loss above a uniform guess (benchmarks/RESULTS.md, "Sources of negatives"). cpu-full's 10
-    # epochs give every entry 10 writes, the plan's longest budget; every source trains as long.
+    # The memory bank writes each entry once an epoch, so a short budget gives it few writes (benchmarks/RESULTS.md,
+    # "Sources of negatives"): cpu-full's 10 epochs, the plan's longest budget, and every source trains as long.
     Study("negatives-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, NEGATIVES, 3, None,
           "Sources of negatives: in-batch, memory bank, queue (FIFO, random), cpu-full budget",
           extra=("--momenta", "0.999"), reference="queue fifo m=0.999"),
-    # At cpu-full's 10 epochs the bank did not learn (pretext accuracy 0.1 %, below random-init). A 30-epoch
-    # pilot (seed 0, read on the validation split: results/pilot/bank-30ep.txt) showed why: its first epochs
-    # fit the bank's random initial entries (val kNN 57 % after epoch 1), the stored entries caught up with the
-    # encoder only by epoch 15 or so (key drift cos 0.97), and pretext accuracy rose from 0.1 % at epoch 12 to
-    # 8 % at 29, val kNN to 76 %. So the bank alone, three times as long, against the FIFO queue of
-    # negatives-cpu-full (10 epochs, the same seeds); its arm is the bank's field. It reads cpu-full's bar of
-    # "learning is plain": the queue it is set against trains at cpu-full, and no MoCo arm trains at 30 epochs.
+    # The bank alone, three times as long, against the FIFO queue of negatives-cpu-full (10 epochs, the same seeds):
+    # at 10 epochs its stored entries had not caught up with the encoder (a 30-epoch pilot on the validation split,
+    # results/pilot/bank-30ep.txt, traced why). Its arm is the bank's field. It reads cpu-full's bar of "learning is
+    # plain": the queue it is set against trains at cpu-full, and no MoCo arm trains at 30 epochs.
     Study("bank-30ep-cpu-full", "momentum_ablation.py", "cpu-full", "moco.negatives", ("memory_bank",), 3, None,
           "The memory bank trained three times as long: cpu-full at 30 epochs",
           extra=("--momenta", "0.999", "--set", "moco.negatives=memory_bank", "--set", "optim.epochs=30"),
@@ -191,6 +195,23 @@ STUDIES: tuple[Study, ...] = (
     Study("supervised-cpu-full", "momentum_ablation.py", "cpu-full", "method.name", (SUPERVISED,), 5, None,
           "The supervised bound: cpu-full's backbone, augmentation and steps, trained with the labels",
           extra=("--momenta", "0.999", "--set", f"method.name={SUPERVISED}"), reference=SUPERVISED),
+    # The studies below were planned, with their rules (repro/claims.py), before any of their runs; each runs on
+    # one kind of CPU, its paired arms included (none borrowed), so that its verdicts can be shown to follow rules
+    # that came first. First the one-change control: the symmetric queue arm and the in-batch arm differ in the
+    # key encoder and in where the negatives come from; batch keys keeps the key encoder and takes the batch's
+    # keys as negatives. They are listed in the order they run.
+    Study("control-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, CONTROL, 5, "--settings",
+          "A one-change control: the key encoder's batch keys beside the symmetric queue and in-batch arms, "
+          "cpu-full budget", extra=("--momenta", "0.999"), reference=SYMMETRIC),
+    Study("staleness-cpu-full", "negatives_ablation.py", "cpu-full", LABEL, STALENESS, 5, "--settings",
+          "Staleness: FIFO against random replacement at m = 0.99, where a key's age should matter, and at "
+          "m = 0.999, where it should not; cpu-full budget", extra=("--momenta", "0.99,0.999"),
+          reference="queue fifo m=0.99"),
+    Study("bn-probes-cpu-full", "augmentation_ablation.py", "cpu-full", "moco.bn", BN_MODES_RANKS, 5, None,
+          "Batch norm on two ranks at cpu-full, with the low-label probes and the k = 20 kNN",
+          extra=("--what", "bn"), reference="shuffle", workers=2),
+    Study("momentum-probes-cpu-full", "momentum_ablation.py", "cpu-full", "moco.m", (0.9, 0.99, 0.999), 5,
+          "--momenta", "Momentum of the key encoder at cpu-full, with the low-label probes and the k = 20 kNN"),
     Study("versions-vit-quick", "vit_ablation.py", "vit-quick", LABEL, VERSIONS, 3, None,
           "MoCo v1, v2 and v3 at one budget (vit-quick's data, batch and epochs)", extra=("--compare-versions",),
           reference="v2 convnet", baseline_sets=CONVNET),

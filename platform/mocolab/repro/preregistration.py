@@ -20,7 +20,8 @@ import os
 from typing import Any
 
 from mocolab.repro.claims import (ALPHA, BASELINE_CHECK, HALF_LIVES, MARGINS, PLAIN_BARS, PLAIN_KNN, PLAIN_LINEAR,
-                                  POWER, RANDOM_INIT, SHARED_HALF_LIVES, VERDICT_RULES, Claim, Contrast, paper_claims)
+                                  POWER, RANDOM_INIT, SECONDARY_METRICS, SHARED_HALF_LIVES, VERDICT_RULES, Claim,
+                                  Contrast, paper_claims)
 from mocolab.repro.plan import STUDIES, Study
 
 HASH_CHARS = 12  # a short hash: 48 bits, enough that two plans of one repository do not collide by chance
@@ -68,6 +69,7 @@ def rules(study: Study, steps: int | None = None) -> dict[str, Any]:
         "contrasts": [_contrast(c, study, steps) for c in paper.contrasts],
         "baseline_check": {"words": BASELINE_CHECK.words, "metric": BASELINE_CHECK.metric},
         "alpha": ALPHA, "power": POWER, "margins": {k: _number(v) for k, v in MARGINS.items()},
+        "secondary_metrics": list(SECONDARY_METRICS),
         "half_lives": HALF_LIVES, "shared_half_lives": SHARED_HALF_LIVES,
         "plain_bar": {"budget": study.bar_budget, "study": bar[0] if bar else None, "arm": bar[1] if bar else None,
                       "knn": PLAIN_KNN, "linear": PLAIN_LINEAR},

@@ -15,6 +15,12 @@ the encoder that wrote it and by the current one (1 = no drift), against the
 entry's age.  With a FIFO queue the oldest key is K/(B·W) steps old; random
 replacement keeps some keys far longer.  All trials share the preset's data,
 batch, temperature, epochs and K (the bank draws queue.size negatives a step).
+
+``--settings`` runs a named subset instead of the default four sources, from a
+catalogue that also holds the controls that separate the key encoder from the
+source of negatives: for each m of ``--momenta``, ``queue random m=<m>``,
+``queue fifo symmetric m=<m>`` (the queue with the loss computed both ways) and
+``batch keys m=<m>`` (the key encoder's keys of the global batch, no queue).
 """
 
 import argparse
@@ -27,13 +33,45 @@ RANDOM_M = 0.999  # random replacement: at the paper's momentum, where FIFO's ke
 
 
 def settings(momenta: list[float]) -> dict[str, dict]:
-    """The trials' overrides by setting (what ``negatives_plots.negatives_setting`` names them)."""
+    """The trials' overrides by setting (what ``negatives_plots.negatives_setting`` names them): the default
+    sources, the FIFO queue at each m and random replacement at the paper's m."""
     out: dict[str, dict] = {"in batch": {"moco.negatives": "in_batch"},
                             "memory bank": {"moco.negatives": "memory_bank"}}
     for m in momenta:
-        out[f"queue fifo m={m:g}"] = {"moco.negatives": "queue", "queue.policy": "fifo", "moco.m": m}
-    out[f"queue random m={RANDOM_M:g}"] = {"moco.negatives": "queue", "queue.policy": "random", "moco.m": RANDOM_M}
+        out[f"queue fifo m={m:g}"] = _queue("fifo", m)
+    out[f"queue random m={RANDOM_M:g}"] = _queue("random", RANDOM_M)
     return out
+
+
+def catalogue(momenta: list[float]) -> dict[str, dict]:
+    """Every setting ``--settings`` may name: the default ones, and per m random replacement, the symmetric
+    queue and the global batch's keys from the key encoder (the control that keeps MoCo's key encoder and takes
+    its negatives from the batch, as the in-batch arm does)."""
+    out = settings(momenta)
+    for m in momenta:
+        out[f"queue random m={m:g}"] = _queue("random", m)
+        out[f"queue fifo symmetric m={m:g}"] = {**_queue("fifo", m), "moco.symmetric": True}
+        out[f"batch keys m={m:g}"] = {"moco.negatives": "batch_keys", "moco.m": m}
+    return out
+
+
+def _queue(policy: str, m: float) -> dict:
+    return {"moco.negatives": "queue", "queue.policy": policy, "moco.m": m}
+
+
+def chosen(args: argparse.Namespace, momenta: list[float]) -> dict[str, dict]:
+    """The settings this sweep runs: ``--settings``'s, in its order, else the default ones."""
+    if args.settings is None:
+        return settings(momenta)
+    names = [n.strip() for n in args.settings.split(",") if n.strip()]
+    known = catalogue(momenta)
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        raise ValueError(f"--settings: {unknown or args.settings!r} not among the settings of --momenta "
+                         f"{','.join(f'{m:g}' for m in momenta)}; allowed: {', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--settings: {args.settings!r} names a setting twice")
+    return {n: known[n] for n in names}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -41,6 +79,10 @@ def parser() -> argparse.ArgumentParser:
     p = study_parser(__doc__.splitlines()[0], "negatives")
     p.add_argument("--momenta", default="0.5,0.9,0.99,0.999",
                    help="comma-separated key-encoder momenta for the FIFO queue (default 0.5,0.9,0.99,0.999)")
+    p.add_argument("--settings", default=None, metavar="NAME,NAME",
+                   help="run only these settings, comma-separated, e.g. 'queue fifo m=0.99,queue random m=0.99' "
+                        "(the names the default run prints, and per m of --momenta: queue random m=<m>, "
+                        "queue fifo symmetric m=<m>, batch keys m=<m>)")
     return p
 
 
@@ -50,10 +92,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(args: argparse.Namespace, seeds: list[int]):
     momenta = momenta_of(args)
+    runs = chosen(args, momenta)
     trials = [Trial(f"{name} seed={s}", {**overrides, "run.seed": s})  # seed by seed: stopped, whole seeds pair
-              for s in seeds for name, overrides in settings(momenta).items()]
-    sweep = make_sweep(args, "negatives-ablation", f"Sources of negatives: in-batch, memory bank, queue FIFO "
-                       f"(m in {momenta}) and random (m={RANDOM_M}), seeds {seeds}, preset {args.preset}", trials)
+              for s in seeds for name, overrides in runs.items()]
+    what = (f"{', '.join(runs)}" if args.settings is not None else
+            f"in-batch, memory bank, queue FIFO (m in {momenta}) and random (m={RANDOM_M})")
+    sweep = make_sweep(args, "negatives-ablation", f"Sources of negatives: {what}, seeds {seeds}, preset "
+                       f"{args.preset}", trials)
 
     def report(out_dir, trials_df):
         from mocolab.analysis import against_reference, fmt_mean_std
