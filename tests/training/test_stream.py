@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from mlflow.tracking import MlflowClient
 
 from mocolab.method import rng
 from mocolab.config import build_config
-from mocolab.data.sets import _synthetic, load_dataset
+from mocolab.data.sets import _synthetic, fill_unreadable, load_dataset
 from mocolab.data.canvas import StoreLayout, stored_sizes
 from mocolab.data.image_index import build_index, write_imagefolder, write_parquet
 from mocolab.data.sources import MemorySource, choose_loader
 from mocolab.training import fit
-from mocolab.training.stream import StreamSource
+from mocolab.training.stream import StreamSource, batch_from_block, filled_positions, pins_memory
 from conftest import mlflow_store
 
 
@@ -69,6 +72,73 @@ def test_streamed_batches_are_the_in_memory_batches(tmp_path, ray_session, name)
     (m_img, m_lab), = list(memory.eval_split("train", 100))
     assert torch.equal(s_img, m_img) and torch.equal(s_lab, m_lab) and len(set(m_lab.tolist())) > 5
     assert stream.describe_eval("train", 100) == "a fixed random 100 of 300"
+
+
+class _ImageCopies(TorchDispatchMode):
+    """Counts torch ops that write an image tensor (N×C×H×W) into new memory from another: clone, index, cat..."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if isinstance(out, torch.Tensor) and out.dim() == 4 and any(a.dim() == 4 for a in inputs):
+            self.count += all(a.untyped_storage().data_ptr() != out.untyped_storage().data_ptr() for a in inputs)
+        return out
+
+
+@pytest.mark.slow  # Ray Data's streaming executor
+def test_a_streamed_batch_is_copied_once_from_the_object_store(tmp_path, ray_session):
+    """The stream hands on Ray's read-only view of a decoded block, not a copy of it, so the batch's own buffer
+    (pinned for a CUDA trainer) is the one copy: no torch op copies an image tensor on the way, and the batch
+    shares no memory with the store. The batches are those of the path that copied the block into an array
+    and then filled its unreadable images in, dtype and layout included."""
+    root = _folder(tmp_path / "if", n=96)
+    min((root / "train").rglob("*.jpg")).write_bytes(b"not an image")  # its batch fills it in
+    stream = StreamSource(build_index("imagefolder", str(root), "train", 24),
+                          build_index("imagefolder", str(root), "test", 24), max_bad_fraction=0.5, say=print)
+    blocks = [list(stream.train.refs[j:j + 16]) for j in range(0, 96, 16)]
+    views = list(stream._stream(blocks))
+    assert sum(int(bad.sum()) for _, bad in views) == 1
+    for view, bad in views:
+        assert not view.flags.writeable and not view.flags.owndata  # the object store's block, not a copy
+        copied = fill_unreadable(torch.from_numpy(np.array(view)), torch.from_numpy(bad))
+        batch = batch_from_block(view, filled_positions(bad))
+        assert torch.equal(batch, copied) and batch.dtype == copied.dtype and batch.stride() == copied.stride()
+        assert not np.shares_memory(batch.numpy(), view) and batch.numpy().flags.writeable
+    del views
+    with _ImageCopies() as torch_copies:
+        epoch = list(stream.epoch_indexed(rng.generator("data", 3, epoch=0), 16, 0, 1, 0))
+    assert len(epoch) == 6 and all(b.is_contiguous() and b.dtype == torch.uint8 for b, _ in epoch)
+    assert torch_copies.count == 0
+
+
+def test_a_batch_fills_its_unreadable_images_in_its_one_copy_as_data_fill_unreadable_does():
+    rng_np = np.random.default_rng(0)
+    block = rng_np.integers(0, 256, (8, 3, 5, 7), dtype=np.uint8)
+    block.flags.writeable = False  # as the object store hands it on
+    for bad in ([], [0], [0, 1], [3], [7], [2, 3, 6], [1, 2, 3, 4, 5, 6, 7]):
+        mask = np.zeros(8, dtype=bool)
+        mask[bad] = True
+        want = fill_unreadable(torch.from_numpy(block.copy()), torch.from_numpy(mask))
+        got = batch_from_block(block, filled_positions(mask))
+        assert torch.equal(got, want) and got.is_contiguous() and not got.is_pinned()
+    keep = np.flatnonzero(rng_np.random(8) < 0.5)  # evaluation leaves unreadable images out
+    assert torch.equal(batch_from_block(block, keep), torch.from_numpy(block[keep]))
+    with pytest.raises(ValueError, match="none of the 8 images"):
+        filled_positions(np.ones(8, dtype=bool))
+
+
+def test_batches_are_pinned_for_a_cuda_trainer_only():
+    """Pinned memory lets to_device (method/async_copy.py) queue the transfer from the batch itself; without
+    it the transfer stages the batch through a second host copy. Pinning needs a CUDA driver."""
+    assert pins_memory(torch.device("cuda")) and pins_memory("cuda:1")
+    assert not pins_memory("cpu") and not pins_memory("meta") and not pins_memory(None)
+    if torch.cuda.is_available():
+        batch = batch_from_block(np.zeros((4, 3, 8, 8), np.uint8), np.arange(4), pin=True)
+        assert batch.is_pinned()
 
 
 @pytest.mark.slow  # Ray Data's streaming executor

@@ -21,6 +21,17 @@ costs a few tens of CPU-milliseconds per task, as much as decoding a few dozen
 images; with ordered output, what a worker holds at a time is a few tasks'
 batches, whatever the dataset size.
 
+One host copy per image on the trainer's thread: Ray hands back a block's
+arrays as read-only views of the object store (zero-copy; the store keeps the
+block while a view references it), and each batch is copied from that view
+straight into memory of its own, page-locked when the trainer computes on a
+CUDA device, so ``to_device`` (method/async_copy.py) queues the transfer
+without staging it through a second host buffer. A fresh buffer per batch,
+never one refilled in place: the trainer's transfer from pinned memory is
+asynchronous and a consumer may keep a batch, so refilling would overwrite
+images still in flight; torch's pinned allocator recycles a buffer only after
+the transfers that read it have run.
+
 A file that cannot be decoded is found when it is read: in a training batch
 the batch's previous readable image stands in for it, as in memory
 (data.fill_unreadable), evaluation leaves it out, and the names found are
@@ -64,6 +75,40 @@ def _decode_block(batch: dict[str, np.ndarray], layout: StoreLayout, decoder: De
     return {"images": np.stack(images), "unreadable": np.stack(unreadable)}
 
 
+def pins_memory(device: torch.device | str | None) -> bool:
+    """Whether batches are copied into page-locked memory: only a CUDA device reads it without a staging copy
+    (and pinning needs a CUDA driver); on the CPU it would only cost."""
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def batch_from_block(block: np.ndarray, source: np.ndarray, pin: bool = False) -> torch.Tensor:
+    """Rows ``source`` of a block, in their order, copied once into a tensor of their own (pinned when ``pin``).
+
+    ``block`` may be the object store's read-only view: it is only read, and the result shares no memory with
+    it. Same dtype and shape per image as the block, C-contiguous."""
+    if block.dtype != np.uint8:  # the decoder's canvases: a batch keeps their bytes as they are
+        raise TypeError(f"a decoded block holds {block.dtype}, not uint8")
+    shape = (len(source), *block.shape[1:])
+    if pin:  # torch's pinned allocator: blocks reused once the transfers that read them have run
+        out = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        dst = out.numpy()
+    else:  # numpy's allocator: it asks for huge pages, so a fresh batch faults in far fewer pages than torch's
+        dst = np.empty(shape, dtype=np.uint8)
+        out = torch.from_numpy(dst)
+    if len(source) == len(block) and np.array_equal(source, np.arange(len(block))):
+        np.copyto(dst, block)  # the usual batch, every image readable: one memcpy
+    else:
+        np.take(block, source, axis=0, out=dst, mode="clip")  # clip: in range already, and unbuffered
+    return out
+
+
+def filled_positions(unreadable: np.ndarray) -> np.ndarray:
+    """Which row of a training block each batch position reads: its own, or for an unreadable image the stand-in
+    data.fill_unreadable chooses (the rule applied to the positions themselves, so both loaders still agree)."""
+    rows = torch.arange(len(unreadable))
+    return fill_unreadable(rows, torch.from_numpy(np.asarray(unreadable, dtype=bool))).numpy()
+
+
 def _union_over_ranks(names: set[str]) -> set[str]:
     """Every rank's names, on every rank (a collective when there are several: all ranks call it together)."""
     _, world = rank_and_world()
@@ -79,7 +124,8 @@ class StreamSource:
 
     ``decoder``: bytes to a uint8 canvas, the shared ``decode_bytes`` unless a benchmark times another;
     ``task_images``: images a decode task aims for (1: one batch per task); ``layout``: how images are stored
-    (data/canvas.py; default: derived from the index's image size). Training batches and ``images_at`` are
+    (data/canvas.py; default: derived from the index's image size); ``pin_memory``: batches in page-locked
+    memory (``pins_memory(device)``: a CUDA trainer). Training batches and ``images_at`` are
     whole-image canvases, as in memory; evaluation reads the centre crops."""
 
     kind = "streamed"
@@ -87,8 +133,9 @@ class StreamSource:
     def __init__(self, train: ImageIndex, test: ImageIndex, *, tasks: int = 2,
                  max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, decoder: Decoder = decode_bytes,
                  task_images: int = TASK_IMAGES, say: Callable[[str], None] = print,
-                 layout: StoreLayout | None = None) -> None:
+                 layout: StoreLayout | None = None, pin_memory: bool = False) -> None:
         self.train, self.test, self.tasks, self.decoder, self.say = train, test, tasks, decoder, say
+        self.pin_memory = pin_memory  # pins_memory(the trainer's device)
         self.layout = layout or StoreLayout.derived(train.image_size)
         self.task_images = task_images
         self.size, self.test_size, self.classes = len(train), len(test), train.classes
@@ -97,7 +144,8 @@ class StreamSource:
                                           complete=False)
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "StreamSource":
+    def from_config(cls, cfg: Config, device: torch.device | str | None = None) -> "StreamSource":
+        """``device``: the trainer's, which decides whether batches are pinned."""
         d = cfg.data
         size = d.image_size or DEFAULT_IMAGEFOLDER_SIZE
         train = build_index(d.name, d.root, "train", size)
@@ -106,7 +154,8 @@ class StreamSource:
             train = dataclasses.replace(train, refs=tuple(train.refs[i] for i in keep), labels=train.labels[keep])
         return cls(train, build_index(d.name, d.root, "test", size), tasks=d.stream_tasks,
                    max_bad_fraction=d.max_bad_fraction,
-                   layout=StoreLayout.derived(size, d.store_short_side, d.store_max_side))
+                   layout=StoreLayout.derived(size, d.store_short_side, d.store_max_side),
+                   pin_memory=pins_memory(device))
 
     def notes(self) -> list[str]:
         decoded = self.train.decoded_bytes(self.layout) / 2**20
@@ -116,7 +165,9 @@ class StreamSource:
                 f"{self.unreadable.max_fraction:g} of a split stops the run"]
 
     def _stream(self, blocks: list[list[str]], centre: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(images, unreadable mask) per block, in the order of ``blocks``: canvases, or their centre crops."""
+        """(images, unreadable mask) per block, in the order of ``blocks``: canvases, or their centre crops.
+
+        ``images`` is the object store's read-only view, valid while referenced: copy it, never write to it."""
         import ray.data
 
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # not one line per epoch's dataset
@@ -135,8 +186,7 @@ class StreamSource:
                             compute=ray.data.TaskPoolStrategy(size=min(self.tasks, tasks)),
                             fn_kwargs={"layout": self.layout, "decoder": self.decoder, "centre": centre})
         for out in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=1):
-            # a copy: the block in the object store is read-only and is freed
-            yield np.array(out["images"][0]), np.asarray(out["unreadable"][0], dtype=bool)
+            yield out["images"][0], np.asarray(out["unreadable"][0], dtype=bool)
 
     def _found(self, split: str, positions: np.ndarray, unreadable: np.ndarray) -> bool:
         """Record a block's unreadable files; stop the run once this rank alone has found too many."""
@@ -167,7 +217,7 @@ class StreamSource:
         before = self.unreadable.count("train")
         for pos, (images, bad) in zip(positions, self._stream(blocks)):
             self._found("train", pos.numpy(), bad)
-            yield fill_unreadable(torch.from_numpy(images), torch.from_numpy(bad)), pos
+            yield batch_from_block(images, filled_positions(bad), self.pin_memory), pos
         self._epoch_end(rank, before)
 
     def images_at(self, index):
@@ -175,11 +225,14 @@ class StreamSource:
         an unreadable one replaced within its chunk, as in memory."""
         positions = index.cpu().numpy()
         chunks = [positions[j:j + EVAL_CHUNK] for j in range(0, len(positions), EVAL_CHUNK)]
-        parts = []
+        out = torch.empty(len(positions), self.channels, *self.layout.canvas_hw, dtype=torch.uint8,
+                          pin_memory=self.pin_memory)
+        start = 0
         for part, (images, bad) in zip(chunks, self._stream([[self.train.refs[i] for i in c] for c in chunks])):
             self._found("train", part, bad)
-            parts.append(fill_unreadable(torch.from_numpy(images), torch.from_numpy(bad)))
-        return torch.cat(parts) if parts else torch.empty(0, self.channels, *self.layout.canvas_hw, dtype=torch.uint8)
+            np.take(images, filled_positions(bad), axis=0, out=out[start:start + len(part)].numpy(), mode="clip")
+            start += len(part)
+        return out
 
     def labels_at(self, index):
         """The training labels at these positions (an unreadable file's image is replaced by a readable
@@ -196,7 +249,8 @@ class StreamSource:
         for part, (images, bad) in zip(chunks, self._stream(blocks, centre=True)):
             grew |= self._found(split, part, bad)
             keep = ~bad
-            yield torch.from_numpy(images[keep]), torch.from_numpy(index.labels[part][keep])
+            yield (batch_from_block(images, np.flatnonzero(keep), self.pin_memory),
+                   torch.from_numpy(index.labels[part][keep]))
         if grew:
             self.say(f"  {self.unreadable.note(split)}")
 

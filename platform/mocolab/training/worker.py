@@ -157,8 +157,9 @@ def log_feature_map(trainer: Trainer, logger: MetricsLogger, cfg: Config) -> Non
         logger.log_figure(path, fm.MAP_DIR)
 
 
-def open_source(cfg: Config, say=None) -> TrainSource | None:
-    """The streaming source when ``data.loader`` resolves to stream; None lets the Trainer decode into memory."""
+def open_source(cfg: Config, say=None, device: torch.device | None = None) -> TrainSource | None:
+    """The streaming source when ``data.loader`` resolves to stream; None lets the Trainer decode into memory.
+    ``device``: the trainer's (a CUDA one gets its batches in pinned memory)."""
     d = cfg.data
     size = d.image_size or DEFAULT_IMAGEFOLDER_SIZE
     choice = choose_loader(d.name, d.loader, cfg.train_size, size, 3, d.memory_budget_mb,
@@ -166,7 +167,7 @@ def open_source(cfg: Config, say=None) -> TrainSource | None:
     if say is not None:
         say(choice.reason)
     if choice.loader == "stream":
-        return StreamSource.from_config(cfg)
+        return StreamSource.from_config(cfg, device)
     return None
 
 
@@ -195,8 +196,9 @@ def _loop(args: WorkerArgs, cfg: Config) -> None:
         torch.set_num_threads(cfg.run.threads or min(threads_for(cfg.run.cpus_per_worker), usable_cores()))
     session = session_for(args)
     memory = MemoryWatch()
-    trainer = Trainer(cfg, device=session.device(cfg.run.device, args.gpus_per_worker, local=cfg.run.num_workers == 0),
-                      source=open_source(cfg, say=print if session.world_rank() == 0 else None))
+    device = session.device(cfg.run.device, args.gpus_per_worker, local=cfg.run.num_workers == 0)
+    trainer = Trainer(cfg, device=device, source=open_source(cfg, say=print if session.world_rank() == 0 else None,
+                                                             device=device))
     run_dir = Location(args.run_dir)  # a folder or a URI (config/storage.py)
     state = _resume_state(session, trainer, run_dir, args.manifest, local=cfg.run.num_workers == 0)
     if state is not None:
