@@ -77,7 +77,25 @@ def sweep(tmp_path_factory):
     assert set(printed) == {"runs", "compare", "view"}, res.stdout[-2000:]
     report = next(tmp.glob("sweeps/*/report"))
     return {"db": tmp / "mlflow.db", "folder": tmp, "experiment_id": exp.experiment_id,
-            "parent": parents[0], "children": children, "printed": printed, "report": report}
+            "parent": parents[0], "children": children, "printed": printed, "report": report, "stdout": res.stdout}
+
+
+def test_the_summary_sets_each_arms_1_percent_probe_beside_its_start_and_names_the_feature_maps(sweep):
+    """What `make run` prints, in small: the 1 % probe of every arm and of the random-init encoder and raw pixels,
+    read back from the runs MLflow holds, and the side-by-side feature maps by their path."""
+    lines = sweep["stdout"].splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["m", "seeds"])
+    assert "1 % labels %" in lines[head]
+    rows = {line.split()[0]: line.split() for line in lines[head + 1:head + 1 + len(MOMENTA) + 2]}
+    assert set(rows) == {f"{float(m):g}" for m in MOMENTA} | {"random-init", "raw-pixels"}, lines[head:head + 8]
+    for name, row in rows.items():  # m, seeds, linear, 1 % labels: a number for every arm and both baselines
+        assert 0 < float(row[3]) < 100 and row[3] != row[2], (name, row)
+    logged = {f"{float(r.data.params['moco.m']):g}": 100 * r.data.metrics["linear_top1_1pct"]
+              for r in sweep["children"]}
+    assert {m: float(rows[m][3]) for m in logged} == pytest.approx(logged, abs=0.006)
+    assert not [line for line in lines if "was not measured" in line]
+    maps = [line for line in lines if line.startswith("Feature maps: ")]
+    assert len(maps) == 1 and Path(maps[0].split()[2]).is_file() and maps[0].split()[2].endswith("feature_maps.png")
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from mocolab.analysis.probe_curves import arms  # noqa: E402
 MAP_DIR = "feature_map"  # the run's artifacts: features.npz, then tsne.npz (coordinates, labels) and tsne.png
 FEATURES_NAME, MAP_NAME, PICTURE_NAME = "features.npz", "tsne.npz", "tsne.png"
 FEATURES_FILE, MAP_FILE = f"{MAP_DIR}/{FEATURES_NAME}", f"{MAP_DIR}/{MAP_NAME}"
+PANELS_NAME = "feature_maps.png"  # a report's figure: one panel per arm, side by side
 DEFAULT_IMAGES = 2000
 MIN_IMAGES = 50  # below this a t-SNE map (perplexity up to 30) says nothing
 CAPTION = ("Each panel is its own t-SNE map (PCA initialisation, seed 0) of the same class-balanced test images: "

@@ -25,13 +25,14 @@ from mocolab.analysis.summary import ALPHA, comparison_line, family_size, paired
 PAPER_MOMENTUM: dict[float, float] = {0.9: 55.2, 0.99: 57.8, 0.999: 59.0, 0.9999: 58.9}
 PAPER_M = 0.999  # the paper's m: each other arm is tested against it (against the largest m, where it is not run)
 INIT, PIXELS = "random-init", "raw-pixels"  # the baselines' kinds (``mocolab baselines``)
-BASELINE_COLUMNS = ("kind", "seed", "linear_top1", "knn_top1")  # scores as fractions, as the runs log them
+# scores as fractions, as the runs log them (a baseline logged without the 1 % probe: NaN)
+BASELINE_COLUMNS = ("kind", "seed", "linear_top1", "knn_top1", "linear_top1_1pct")
 
 
 def baseline_frame(baselines: Iterable[Any]) -> pd.DataFrame:
     """Baselines (``training.baselines.Baseline``, or anything with its fields) as a table, one row each."""
-    return pd.DataFrame([{c: getattr(b, c) for c in BASELINE_COLUMNS} for b in baselines],
-                        columns=list(BASELINE_COLUMNS))
+    return pd.DataFrame([{"kind": b.kind, "seed": b.seed, **{c: b.metric(c) for c in BASELINE_COLUMNS[2:]}}
+                         for b in baselines], columns=list(BASELINE_COLUMNS))
 
 
 def reference_m(momenta: Iterable[float]) -> float:
@@ -101,12 +102,14 @@ def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
                      f"{fmt_mean_std(r.knn_top1_mean, r.knn_top1_std):>16} {paired_diff(by_a.get(name)):>22} "
                      f"{r.final_loss:>10.3f} {r.status:>10} {r.ema_half_life:>9.1f} {r.max_staleness:>9.0f} "
                      f"{_paper(r.paper):>6}")
-    init = {m: _baseline(baselines, INIT, m) for m in ("linear_top1", "knn_top1")}
-    pixels = {m: _baseline(baselines, PIXELS, m) for m in ("linear_top1", "knn_top1")}
+    init = {m: _baseline(baselines, INIT, m) for m in ("linear_top1", "knn_top1", "linear_top1_1pct")}
+    pixels = {m: _baseline(baselines, PIXELS, m) for m in ("linear_top1", "knn_top1", "linear_top1_1pct")}
     for kind, scores, delta in ((INIT, init, "0"), (PIXELS, pixels, "—")):
         if scores["linear_top1"].n:
+            low = scores["linear_top1_1pct"]
             lines.append(f"{kind:>11} {scores['linear_top1'].n:>5} "
-                         f"{fmt_mean_std(scores['linear_top1'].mean, scores['linear_top1'].std):>16} {'—':>16} "
+                         f"{fmt_mean_std(scores['linear_top1'].mean, scores['linear_top1'].std):>16} "
+                         f"{fmt_mean_std(low.mean, low.std) if low.n else '—':>16} "
                          f"{fmt_mean_std(scores['knn_top1'].mean, scores['knn_top1'].std):>16} {delta:>22} "
                          f"{'—':>10} {'baseline':>10} {'—':>9} {'—':>9} {'—':>6}")
     if init["linear_top1"].n:
@@ -122,7 +125,7 @@ def momentum_table(trials: pd.DataFrame, baselines: pd.DataFrame | None = None,
     if table["linear_top1_1pct_mean"].notna().any():
         lines.append("1 % labels: the linear probe on 1 % of its training images (class-balanced, the mean over "
                      "fixed draws that every arm and seed shares; evaluation/low_label.py).")
-    else:
+    if not init["linear_top1"].n:
         lines.append("The random-init encoder was not measured" + (f" ({note})" if note else "") +
                      ": no arm is shown against the network it started from.")
     tested = [c for c in against_ref + against_init if c.n >= 2]

@@ -35,7 +35,7 @@ import pandas as pd  # noqa: E402
 
 from mocolab.analysis import bar_plot, line_plot, summarise  # noqa: E402
 from mocolab.analysis.momentum_plots import BASELINE_COLUMNS, PAPER_MOMENTUM, momentum_plot  # noqa: E402
-from mocolab.analysis.feature_maps import feature_map_panels  # noqa: E402
+from mocolab.analysis.feature_maps import PANELS_NAME, feature_map_panels  # noqa: E402
 from mocolab.analysis.negatives_plots import negatives_drift, negatives_plot  # noqa: E402
 from mocolab.analysis.probe_curves import probe_curves  # noqa: E402
 from mocolab.analysis.vit_plots import GRAD_FIRST, patch_momentum_table, vit_plot  # noqa: E402
@@ -273,7 +273,7 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
                 summarise(df, key), key, f"{name} ablation", out / f"{name}.png")))
     # each arm's online probe during training, and its features' map (where the runs logged them)
     figures += [f for f in (probe_curves(history, df, varying, out / "online_probe.png"),
-                            feature_map_panels(store, df, varying, out / "feature_maps.png")) if f is not None]
+                            feature_map_panels(store, df, varying, out / PANELS_NAME)) if f is not None]
     figures.append(("Training curves of every trial (dotted: did not finish)",
                     _curves(history, df, varying, out / "curves.png")))
 
@@ -309,8 +309,7 @@ def sweep_baselines(store: Store, parent_run: str | None) -> pd.DataFrame:
     for r in runs:
         kind = r.data.tags.get(BASELINE_KIND_TAG)
         rows.append({"kind": kind, "seed": int(r.data.params["run.seed"]) if kind == "random-init" else None,
-                     "linear_top1": r.data.metrics.get("linear_top1", math.nan),
-                     "knn_top1": r.data.metrics.get("knn_top1", math.nan)})
+                     **{m: r.data.metrics.get(m, math.nan) for m in BASELINE_COLUMNS[2:]}})
     return pd.DataFrame(rows, columns=list(BASELINE_COLUMNS)) if rows else empty
 
 

@@ -48,12 +48,18 @@ def log_baselines(name: str, preset: str, overrides: Sequence[str], seeds: Seque
                 _log(store, exp_id, name, cfg, measured[kind])
         for kind, run in logged.items():
             b = (Baseline(kind, seed if kind == "random-init" else None, run.data.metrics["knn_top1"],
-                          run.data.metrics["linear_top1"]) if run is not None else measured[kind])
+                          run.data.metrics["linear_top1"], _extra(run.data.metrics)) if run is not None
+                 else measured[kind])
             out.append(b)
             say(f"  {kind:<11}" + (f" seed {seed}" if kind == "random-init" else "       ")
                 + f": linear top-1 {100 * b.linear_top1:.2f}%  kNN top-1 {100 * b.knn_top1:.2f}%"
                 + (" (logged before)" if run is not None else ""))
     return out
+
+
+def _extra(metrics: dict[str, float]) -> dict[str, float]:
+    """A logged baseline's scores besides the kNN and the full probe (none where it was logged without them)."""
+    return {k: v for k, v in metrics.items() if k not in ("knn_top1", "linear_top1")}
 
 
 def _identity(params, kind: str) -> dict:

@@ -44,7 +44,8 @@ FAILURE_TAG = "mocolab.failure_reason"
 STOPPED_AT_TAG = "mocolab.stopped_at_epoch"  # a trial a scheduler stopped early: the epochs it completed
 RUNS_PAGE_SIZE = 1000  # runs per search request (``Store.search_all`` reads every page)
 # The final metrics a trials table carries (besides label, status, run id and params).
-TRIAL_METRICS = ("linear_top1", "knn_top1", "final_loss", "ema_half_life", "max_staleness_bound", "pretext_acc",
+TRIAL_METRICS = ("linear_top1", "knn_top1", "knn20_top1", "linear_top1_1pct", "linear_top1_10pct", "final_loss",
+                 "ema_half_life", "max_staleness_bound", "pretext_acc",
                  "staleness_mean", "staleness_max", "drift_cos", "stored_cos")
 
 

@@ -10,7 +10,8 @@ draw in every run).  Pure PyTorch: the command that logs these to MLflow is ``mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,17 +40,24 @@ class Baseline:
     seed: int | None  # the run seed whose initial encoder this is; None for pixels
     knn_top1: float
     linear_top1: float
+    # the final evaluation's other scores (``FinalScores.extra_metrics``: the k = 20 kNN, the low-label probes),
+    # so that a table sets an encoder's 1 % probe beside its start's
+    extra: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        return {"knn_top1": self.knn_top1, "linear_top1": self.linear_top1}
+        return {"knn_top1": self.knn_top1, "linear_top1": self.linear_top1, **self.extra}
+
+    def metric(self, name: str) -> float:
+        """One score by its logged name; NaN where this baseline has none."""
+        return self.metrics().get(name, math.nan)
 
 
 def measure(cfg: Config, *, pixels: bool = True, progress=None) -> list[Baseline]:
     """The random-init encoder of ``cfg.run.seed`` (and, with ``pixels``, the raw pixels) under ``cfg.eval``."""
     tr = Trainer(cfg)
-    knn, probe = tr.evaluation.final_eval(progress)
-    out = [Baseline("random-init", cfg.run.seed, knn, probe.test_top1)]
+    s = tr.evaluation.final_scores(progress, validation=False)
+    out = [Baseline("random-init", cfg.run.seed, s.knn, s.probe.test_top1, s.extra_metrics())]
     if pixels:
-        knn, probe = tr.evaluation.final_eval(None, embed=pixel_features)
-        out.append(Baseline("raw-pixels", None, knn, probe.test_top1))
+        s = tr.evaluation.final_scores(None, pixel_features, validation=False)
+        out.append(Baseline("raw-pixels", None, s.knn, s.probe.test_top1, s.extra_metrics()))
     return out

@@ -230,6 +230,7 @@ def _register_best(sweep: Sweep, tracking_uri: str | None, trials: pd.DataFrame,
 def _conclude(sweep: Sweep, launch: Launch, parent, report: Report, grid: Any = None) -> int:
     """Summarise, report and close the parent run; the exit status. ``grid``: Tune's results of this
     invocation, for the trials that errored before their MLflow run existed."""
+    from mocolab.analysis.feature_maps import PANELS_NAME
     from mocolab.analysis.report import build_report
     from mocolab.tracking import COMPARE_MAX_RUNS, ui_advice, ui_links
     from mocolab.tracking.chart_view import publish_sweep_view
@@ -295,6 +296,9 @@ def _conclude(sweep: Sweep, launch: Launch, parent, report: Report, grid: Any = 
     print(f"           ({shown}Scatter Plot: X-axis moco.m or what the study varies, Y-axis linear_top1)")
     if figure is not None:
         print(f"Plot: {figure}")
+    maps = next((f for f in rep.figures if f.name == PANELS_NAME), None)
+    if maps is not None:
+        print(f"Feature maps: {maps}  (a t-SNE map of each arm's test features, side by side)")
     print(f"Report: {rep.html}  (also under the parent run's artifacts, report/"
           + (f", and at {published})" if published else ")"))
     return 0 if bad.empty and not missing else 1
