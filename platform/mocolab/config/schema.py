@@ -156,7 +156,7 @@ class EvalConfig:
     # the low-label probes' L-BFGS iterations and weight decay, chosen on a validation split
     # (benchmarks/low_label.py --select, benchmarks/RESULTS.md)
     low_label_steps: int = 100
-    low_label_wd: float = 0.1
+    low_label_wd: float = 0.001
     drift_probes: int = 256  # dictionary slots followed for the key-drift diagnostic (method/diagnostics.py); 0 = off
     # a linear head trained on the query's detached backbone features during training (training/online_probe.py),
     # scored with each kNN monitor (metric online_linear_top1, val_online_linear_top1) and at the end
