@@ -33,7 +33,7 @@ def _thread_share() -> int | None:
     """This test worker's share of the cores, as a torch thread count for every process its tests start
     (studies, Ray and its workers inherit the environment; mocolab caps its threads by it).  Without it each
     worker's processes would size their OpenMP pools for every core, and threads that outnumber the cores
-    spin against each other (benchmarks/oversubscription.py: 0.43x the work done, against 1.30x)."""
+    spin against each other (benchmarks/trial/oversubscription.py: 0.43x the work done, against 1.30x)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if WORKER is None or WORKERS < 2:
         return None

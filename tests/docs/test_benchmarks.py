@@ -41,6 +41,11 @@ def _lines() -> list[str]:
     return commands("speed-benchmarks")
 
 
+def _script(line: str) -> str:
+    """The script a benchmark line runs, ``benchmarks/<group>/<script>.py``, by its file name."""
+    return re.search(r"benchmarks/\w+/(\w+\.py)", line).group(1)
+
+
 def _run_and_check(script: str, command: str, patterns: list[str]) -> None:
     """A README benchmark line in bash from the repository root: it exits 0 and prints its figures."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST") and k != "RAY_ADDRESS"}
@@ -51,14 +56,14 @@ def _run_and_check(script: str, command: str, patterns: list[str]) -> None:
 
 
 def test_readme_block_names_every_benchmark_once():
-    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in _lines()]
+    scripts = [_script(line) for line in _lines()]
     assert sorted(scripts) == sorted(EXPECTED)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_readme_benchmark_line_runs_with_a_size_override(script):
-    line = next(line for line in _lines() if f"benchmarks/{script}" in line)
+    line = next(line for line in _lines() if _script(line) == script)
     if "lightly-pkgs" in line and not (Path("/tmp/lightly-pkgs") / "lightly").is_dir():
         pytest.skip("lightly is not installed beside the venv (README: pip install --no-deps --target ...)")
     extra, patterns = EXPECTED[script]
@@ -98,19 +103,19 @@ TIME_OVERRIDES = {
 
 
 def test_readme_time_block_names_each_time_benchmark_once():
-    scripts = [re.search(r"benchmarks/(\w+\.py)", line).group(1) for line in commands("time-benchmarks")]
+    scripts = [_script(line) for line in commands("time-benchmarks")]
     assert sorted(scripts) == sorted(TIME_OVERRIDES)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(TIME_OVERRIDES))
 def test_readme_time_benchmark_runs_with_a_size_override(script):
-    line = next(line for line in commands("time-benchmarks") if f"benchmarks/{script}" in line)
+    line = next(line for line in commands("time-benchmarks") if _script(line) == script)
     extra, patterns = TIME_OVERRIDES[script]
     _run_and_check(script, f"{line} {extra}", patterns)
 
 
-# The GPU script's figures (benchmarks/gpu.py), in the order it writes them, and the step's variants: the
+# The GPU script's figures (benchmarks/gpu/gpu.py), in the order it writes them, and the step's variants: the
 # compile variant last, after every other figure, since its cold start is the longest
 GPU_FIGURES = ["machine", "syncs", "step", "peak_memory", "decode_cpus", "views", "step", "step", "step", "step",
                "step", "step", "jpeg_decode", "final_eval", "step", "done"]
@@ -119,7 +124,7 @@ GPU_VARIANTS = ["base", "drift probes off", "online probe off", "plain BN", "cha
 
 @pytest.mark.slow
 def test_gpu_script_dry_run_writes_each_figure_as_it_comes(tmp_path):
-    """``benchmarks/gpu_run.sh --dry-run`` as the GPU machine runs it (its ``$OUT``, the script refusing Ray and
+    """``benchmarks/gpu/gpu_run.sh --dry-run`` as the GPU machine runs it (its ``$OUT``, the script refusing Ray and
     MLflow, which that machine lacks), at toy sizes on this CPU: each figure is a JSON line of figures.jsonl,
     measured (none skipped), and each line is in the file while the run goes on, so a run cut off still
     reports: the file, read as the run goes, holds one count of lines after another, not a few bursts."""
@@ -128,7 +133,7 @@ def test_gpu_script_dry_run_writes_each_figure_as_it_comes(tmp_path):
     figures, log = tmp_path / "out" / "figures.jsonl", tmp_path / "log"
     seen: set[int] = set()  # the counts of whole lines the file held while the run was going
     with log.open("w") as sink:
-        proc = subprocess.Popen(["bash", "benchmarks/gpu_run.sh", "--dry-run"], cwd=REPO, env=env, stdout=sink,
+        proc = subprocess.Popen(["bash", "benchmarks/gpu/gpu_run.sh", "--dry-run"], cwd=REPO, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 600
@@ -154,3 +159,23 @@ def test_gpu_script_dry_run_writes_each_figure_as_it_comes(tmp_path):
     assert by_name["jpeg_decode"]["cpu_one_core_images_per_s"] > 0
     assert by_name["final_eval"]["knn_s"] > 0 and by_name["final_eval"]["probe_s"] > 0
     assert by_name["done"]["loaded"] == [] and by_name["done"]["failed"] == []  # neither Ray nor MLflow
+
+
+def test_the_table_of_contents_lists_every_script_with_sections_results_md_has():
+    """benchmarks/README.md, a table per group folder: each file of each folder once, and each RESULTS.md
+    section it names a heading there, so a moved script or a renamed section cannot leave it stale."""
+    bench = REPO / "benchmarks"
+    listed, sections, group = [], [], None
+    for line in (bench / "README.md").read_text().splitlines():
+        if m := re.match(r"## (\w+)/", line):
+            group = m.group(1)
+        elif line.startswith("## "):
+            group = None
+        elif group and (m := re.match(r"\| `([\w.]+)` \|[^|]*\|(.*)\|$", line)):
+            listed.append(f"{group}/{m.group(1)}")
+            sections += re.findall(r'"([^"]+)"', m.group(2))
+    on_disk = sorted(str(p.relative_to(bench)) for p in bench.glob("*/*") if p.suffix in (".py", ".sh"))
+    assert sorted(listed) == on_disk
+    headings = {line.lstrip("#").strip() for line in (bench / "RESULTS.md").read_text().splitlines()
+                if line.startswith("#")}
+    assert sections and not [s for s in sections if s not in headings]

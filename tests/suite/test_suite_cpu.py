@@ -1,4 +1,4 @@
-"""benchmarks/suite_cpu.py: each test is charged the CPU of every process it starts, orphans included."""
+"""benchmarks/suite/suite_cpu.py: each test is charged the CPU of every process it starts, orphans included."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "suite_cpu.py"
+SCRIPT = REPO / "benchmarks" / "suite" / "suite_cpu.py"
 
 # A test whose CPU is spent by a process it does not wait for: double-forked (reparented to init, so the
 # test's own rusage never sees it), it burns a second of CPU and leaves a file; the test waits for the file.

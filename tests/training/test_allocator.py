@@ -1,7 +1,7 @@
 """keep_freed_memory: a tuned training process never page-faults its tensors back in every step.
 
 Measured in fresh interpreters (the setting is process-wide), with the loop
-``benchmarks/allocator.py`` times: steps that allocate, touch and free 96 MiB
+``benchmarks/step/allocator.py`` times: steps that allocate, touch and free 96 MiB
 of 24 MiB tensors. Whether an *untuned* interpreter faults depends on where
 glibc's small blocks happen to lie (half of them did on dev-2c), a fact about
 the machine rather than mocolab, so that side is the benchmark's, not a test's.
@@ -18,7 +18,7 @@ import pytest
 from mocolab.config.hardware import keep_freed_memory
 
 _spec = importlib.util.spec_from_file_location(
-    "allocator_benchmark", Path(__file__).resolve().parents[2] / "benchmarks" / "allocator.py")
+    "allocator_benchmark", Path(__file__).resolve().parents[2] / "benchmarks" / "step" / "allocator.py")
 allocator = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(allocator)
 

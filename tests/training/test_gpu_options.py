@@ -1,5 +1,5 @@
 """What a GPU user sets, run here on the CPU: fp16 with a loss scale that resumes, channels_last, torch.compile.
-(Whether they are faster is the GPU script's question: benchmarks/gpu.py.)"""
+(Whether they are faster is the GPU script's question: benchmarks/gpu/gpu.py.)"""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_channels_last_trains_in_that_layout_to_the_same_losses():
 def test_compile_builds_a_graph_of_both_encoders_and_gives_the_eager_loss(monkeypatch):
     """run.compile: dynamo traced the encoders (graphs counted), and the losses equal eager ones to float
     rounding.  The graphs run through AOT autograd without inductor's code generation, which takes minutes
-    of C++ compilation on two cores (the GPU script times inductor itself: benchmarks/gpu.py)."""
+    of C++ compilation on two cores (the GPU script times inductor itself: benchmarks/gpu/gpu.py)."""
     from torch._dynamo.utils import counters
 
     compile_module = torch.nn.Module.compile

@@ -154,7 +154,7 @@ class EvalConfig:
     low_label_fractions: str = "0.01,0.1"
     low_label_draws: int = 3
     # the low-label probes' L-BFGS iterations and weight decay, chosen on a validation split
-    # (benchmarks/low_label.py --select, benchmarks/RESULTS.md)
+    # (benchmarks/evaluation/low_label.py --select, benchmarks/RESULTS.md)
     low_label_steps: int = 100
     low_label_wd: float = 0.001
     drift_probes: int = 256  # dictionary slots followed for the key-drift diagnostic (method/diagnostics.py); 0 = off

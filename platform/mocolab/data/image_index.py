@@ -200,7 +200,7 @@ def decode_bytes(data: bytes | np.ndarray | torch.Tensor, layout: StoreLayout | 
 
 def decode_bytes_full(data: bytes | np.ndarray | torch.Tensor, layout: StoreLayout | int) -> torch.Tensor:
     """As ``decode_bytes``, every image decoded at full size and resized in float: slower, and the
-    reference the fast decoder is held to (tests) and timed against (benchmarks/stream_decode.py)."""
+    reference the fast decoder is held to (tests) and timed against (benchmarks/data/stream_decode.py)."""
     layout = as_layout(layout)
     img = _decode_full(data)
     stored = layout.stored_size(*img.shape[-2:])

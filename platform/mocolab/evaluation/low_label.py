@@ -51,7 +51,7 @@ def low_label_probes(train_feats: torch.Tensor, train_labels: torch.Tensor, test
     """{fraction: test top-1 of each draw}: the linear probe (``probe.linear_probe``) fitted on each draw's
     subset of the given training features and scored on all the test features given. It reuses the features
     the full probe reads; each fit is on a few hundred or thousand rows, so it costs a fraction of the full
-    probe's (benchmarks/low_label.py)."""
+    probe's (benchmarks/evaluation/low_label.py)."""
     out: dict[float, list[float]] = {}
     for fraction in fractions:
         tops = []
