@@ -40,7 +40,7 @@ LAZY: dict[str, set[str]] = {
     "analysis/feature_maps.py": {"torch", "sklearn.manifold", "threadpoolctl", "umap"},
     "tune/study.py": {"mocolab.tracking.chart_view", "mocolab.tune.sweep", "mocolab.tune.lost",
                       "mocolab.tracking.logged_models",
-                      "mocolab.analysis.report", "mocolab.tracking"},
+                      "mocolab.analysis.report", "mocolab.analysis.feature_maps", "mocolab.tracking"},
     "tune/grid.py": {"mocolab.analysis"},
     # a study answers --help and refuses its flags before pandas, matplotlib and MLflow draw its report
     "tune/studies/augmentation.py": {"mocolab.analysis"},
