@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 # each test that reaches it, and the fast tests of an area are the ones that state its rules.
 TARGETS = {
     "verdicts": (["analysis/verdicts.py"], ["tests/repro/test_verdict_rules.py"]),
-    "code_fingerprint": (["config/code_fingerprint.py"], ["tests/training/test_code_fingerprint.py"]),
+    "code_fingerprint": (["training/code_fingerprint.py"], ["tests/training/test_code_fingerprint.py"]),
     "named": (["models/named.py"], ["tests/models/test_named_backbones.py"]),
     "method": (["method/*.py"], ["tests/method"]),
 }

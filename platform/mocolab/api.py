@@ -61,7 +61,7 @@ def train(config: Config | str = "cpu-quick", overrides: Overrides = None, *, tr
     as a model (``load_encoder(outcome.mlflow_run_id)``). ``in_process``: the bare loop, without Ray, MLflow or
     checkpoints (``measure_init`` also scores the encoder before training). The same config trained by other
     code is a new run beside the old one (``reuse_other_code``: report the old one); a run interrupted under
-    other code is refused unless ``continue_across_code`` (training/code_check.py).
+    other code is refused unless ``continue_across_code`` (training/rerun.py).
     """
     cfg = config if isinstance(config, Config) else build_config(config)
     if overrides:
@@ -164,7 +164,7 @@ def load_encoder(source: str | os.PathLike[str], tracking_uri: str | None = None
     ``mocolab export`` wrote. ``name="classifier"`` (run ids only) gives the linear probe's logits instead.
     """
     if name == "encoder":
-        from mocolab.evaluation.encoders import load_saved_encoder
+        from mocolab.evaluation.encoder_source import load_saved_encoder
 
         return load_saved_encoder(source, tracking_uri).module()
     from mocolab.tracking.logged_models import load_encoder as _logged
@@ -181,7 +181,7 @@ def evaluate(encoder: Any, data: str, overrides: Overrides = None, *, tracking_u
     ``encoders.SavedEncoder``; ``overrides``: data.*, eval.* and run.seed/device/precision/threads fields
     (``{"data.root": "/data/imgs"}``). Returns the scores, with ``run_id`` set when logged.
     """
-    from mocolab.evaluation.encoders import SavedEncoder, load_saved_encoder, resolve_source
+    from mocolab.evaluation.encoder_source import SavedEncoder, load_saved_encoder, resolve_source
 
     over = _overrides(overrides)
     experiment = experiment or _transfer.EXPERIMENT

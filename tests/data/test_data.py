@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mocolab.data import sets as data
+from mocolab.data import fashion_mnist as data  # SYSTEM_FASHION_MNIST_DIRS, pointed elsewhere
 from mocolab.data.sets import (DATASETS, FASHION_MNIST_FILES, ImageDataset, batches_per_epoch, check_readable,
                                default_data_root, fashion_mnist_dir, iterate_batches, load_dataset, read_idx)
 
@@ -289,7 +289,7 @@ def test_imagefolder_loads_pngs(tmp_path):
 def test_validation_counts_the_images_the_loader_decodes(tmp_path):
     """One list of image suffixes: files the loader skips (.bmp, .ppm, .txt, hidden folders) are not counted."""
     from mocolab.config import build_config
-    from mocolab.config.image_folders import IMAGE_EXTENSIONS, count_images
+    from mocolab.data.image_folders import IMAGE_EXTENSIONS, count_images
 
     _write_png_folder(tmp_path)
     for name in ("x.bmp", "y.ppm", "notes.txt"):

@@ -35,7 +35,7 @@ from mocolab.config import build_config
 from mocolab.config.hardware import resolve_precision
 from mocolab.training.trainer import Trainer
 from mocolab.config.manifest import RunManifest
-from mocolab.config.storage import Location
+from mocolab.training.storage import Location
 from mocolab.training import worker
 from mocolab.training.launch import fit
 from mocolab.training.resources import worker_gpus

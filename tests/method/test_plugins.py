@@ -24,7 +24,7 @@ from readme_blocks import commands
 
 from mocolab.cli.commands import main
 from mocolab.config import apply_overrides, build_config, config_file_overrides, to_yaml
-from mocolab.config.code_fingerprint import CodeFingerprint, _closure, _fingerprint, code_fingerprint
+from mocolab.training.code_fingerprint import CodeFingerprint, _closure, _fingerprint, code_fingerprint
 from mocolab.config.schema import Config
 from mocolab.method import plugins
 from mocolab.method.plugins import installed, method_modules

@@ -19,7 +19,7 @@ from readme_blocks import commands
 
 from mocolab.cli.commands import main
 from mocolab.config import build_config
-from mocolab.config.code_fingerprint import ENTRY, _closure, code_fingerprint
+from mocolab.training.code_fingerprint import ENTRY, _closure, code_fingerprint
 from mocolab.data import sets as datasets
 from mocolab.method import plugins
 from mocolab.method.plugins import method_modules

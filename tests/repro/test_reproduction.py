@@ -222,7 +222,7 @@ def test_the_arms_the_document_calls_one_config_recorded_the_same_config_in_ever
     run (fingerprint.identity), but for the MLflow experiment it logged to; a field one run has and the other
     does not (added to mocolab between them) holds its default in the run that has it. The symmetric control
     pairs a borrowed arm on this; a study whose config drifted from its twin fails here."""
-    from mocolab.config.fingerprint import identity
+    from mocolab.config.run_identity import identity
     from mocolab.config.schema import Config
     from mocolab.repro.plan import SAME_CONFIG, SYMMETRIC
 

@@ -20,11 +20,11 @@ LAZY: dict[str, set[str]] = {
     "tune/__init__.py": {"mocolab.tune.sweep"},  # Ray: the sweep's runner, on first use
     "training/__init__.py": {"mocolab.training.launch"},  # the driver's side (Ray, MLflow): the loop goes without
     # MLflow's record of an ended run, asked only where a run's folder has none; the CLI reads the flags here
-    "training/code_check.py": {"mocolab.tracking.store"},
+    "training/rerun.py": {"mocolab.tracking.store"},
     # the API and the command line refuse bad input before torch, Ray, MLflow or the sweep layer loads
     "api.py": {"mocolab.training.trainer", "mocolab.training", "mocolab.tune.grid", "mocolab.tune.spec",
                "mocolab.tune.study", "mocolab.tracking", "mocolab.tracking.logged_models",
-               "mocolab.evaluation.encoders"},
+               "mocolab.evaluation.encoder_source"},
     "cli/commands.py": {"mocolab.tracking", "mocolab.tracking.logged_models", "mocolab.analysis.report",
                         "mocolab.evaluation.leaderboard", "mocolab.tune.grid", "mocolab.tune.search",
                         "mocolab.tune.study", "mocolab.repro.baseline_runs"},
@@ -70,13 +70,14 @@ LAZY: dict[str, set[str]] = {
     "tune/sweep.py": {"mocolab.analysis.report"},
     # heavy libraries where one feature uses them
     "data/augment.py": {"kornia.augmentation"},  # the views; config reads the presets without kornia
-    "data/sets.py": {"torchvision.datasets"},  # CIFAR-10, STL-10 and downloads
+    "data/torchvision_sets.py": {"torchvision.datasets"},  # CIFAR-10, STL-10 and their downloads
+    "data/fashion_mnist.py": {"torchvision.datasets"},  # its download, only where no copy is found
     "models/backbones.py": {"torchvision"},  # the ResNets
-    "config/image_folders.py": {"pyarrow.parquet"},  # a parquet set's count; config imports this module
+    "data/image_folders.py": {"pyarrow.parquet"},  # a parquet set's count; config imports this module
     "data/image_index.py": {"pyarrow", "pyarrow.parquet", "PIL", "torchvision.io"},  # per format, at its first file
-    "config/storage.py": {"pyarrow.fs"},  # a URI's file system; config imports this module
+    "training/storage.py": {"pyarrow.fs"},  # a URI's file system; config imports this module
     # MLflow for a run id or models:/ URI; an export folder needs none
-    "evaluation/encoders.py": {"mocolab.tracking.fetch"},
+    "evaluation/encoder_source.py": {"mocolab.tracking.logged_models"},
     "tracking/logged_models.py": {"mlflow.pytorch"},  # the flavour, where a model is logged or loaded
     "tracking/system.py": {"mlflow.system_metrics.system_metrics_monitor",  # optional: a failure turns it off
                            "mlflow.system_metrics.metrics.gpu_monitor", "pynvml"},  # ... and NVML where a GPU is

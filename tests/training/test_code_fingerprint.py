@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import thread_share_env
 
-from mocolab.config.code_fingerprint import (ENTRY, UNKNOWN, CodeFingerprint, _closure, _code_digest, _source, _version,
-                                             code_fingerprint)
+from mocolab.training.code_fingerprint import (ENTRY, UNKNOWN, CodeFingerprint, _closure, _code_digest, _source,
+                                               _version, code_fingerprint)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--preset", "smoke", "--set", "data.name=synthetic", "--set", "data.subset=512", "--set",
@@ -164,7 +164,7 @@ def test_an_interrupted_run_is_refused_across_a_code_change_unless_continued_wit
 
 def code_of(root: Path) -> str:
     """The code fingerprint of the copy, as a process running it takes it."""
-    out = subprocess.run([sys.executable, "-c", "from mocolab.config.code_fingerprint import code_fingerprint; "
+    out = subprocess.run([sys.executable, "-c", "from mocolab.training.code_fingerprint import code_fingerprint; "
                           "print(code_fingerprint().digest)"], env={**os.environ, "PYTHONPATH": str(root / "platform")},
                          capture_output=True, text=True, timeout=120)
     return out.stdout.strip()
@@ -261,7 +261,7 @@ def test_a_step_package_of_another_version_is_other_code(tmp_path):
     meta = tmp_path / "site" / "kornia-0.0.1.dist-info"
     meta.mkdir(parents=True)
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: kornia\nVersion: 0.0.1\n")
-    code = ("import json; from mocolab.config.code_fingerprint import code_fingerprint as f; "
+    code = ("import json; from mocolab.training.code_fingerprint import code_fingerprint as f; "
             "print(json.dumps(f().to_dict()))")
     path = os.pathsep.join([str(tmp_path / "site"), str(REPO / "platform")])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -278,7 +278,7 @@ def test_an_interrupted_run_continues_across_a_change_the_committed_list_declare
     code B only where (A, B) is declared neutral, its segments recorded; any other change is refused. Code A
     here is the manifest's fingerprint set to another digest, the run's own checkpoint kept."""
     from mocolab.config import build_config
-    from mocolab.training.code_check import CodeChanged
+    from mocolab.training.rerun import CodeChanged
     from mocolab.training.launch import fit
 
     cfg = build_config("smoke", {"data.name": "synthetic", "data.subset": 256, "optim.batch_size": 32,
@@ -306,7 +306,7 @@ def test_an_interrupted_run_continues_across_a_change_the_committed_list_declare
 
 
 def test_a_neutral_change_is_declared_with_its_reason(tmp_path):
-    from mocolab.config.code_fingerprint import neutral_changes
+    from mocolab.training.code_fingerprint import neutral_changes
 
     good = tmp_path / "neutral.json"
     good.write_text(json.dumps([{"from": "a" * 16, "to": "b" * 16, "reason": "a package move, no change of code"}]))

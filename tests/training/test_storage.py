@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from mocolab.config import build_config, with_absolute_paths
 from mocolab.data.sets import fashion_mnist_dir
-from mocolab.config.storage import Location, is_uri, shown
+from mocolab.training.storage import Location, is_uri, shown
 from mocolab.training import fit
 from mocolab.config.manifest import MANIFEST
 from mocolab.training.checkpoint import local_checkpoints

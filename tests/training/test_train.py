@@ -78,7 +78,7 @@ def test_the_manifest_round_trips_through_its_folder_a_checkpoint_and_the_worker
     from functools import partial
 
     from mocolab.config.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_manifest
-    from mocolab.config.storage import Location
+    from mocolab.training.storage import Location
     from mocolab.training.launch import _loop
     from mocolab.training.session import WorkerArgs
 

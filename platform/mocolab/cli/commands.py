@@ -7,9 +7,9 @@ import importlib
 import os
 import sys
 
-from mocolab.config.code_fingerprint import neutral_changes
+from mocolab.training.code_fingerprint import neutral_changes
 from mocolab.config.manifest import mocolab_version
-from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
+from mocolab.training.rerun import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
 from mocolab.evaluation import transfer
 from mocolab.config.addresses import check_addresses
 from mocolab.api import evaluate, sweep, train

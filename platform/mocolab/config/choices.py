@@ -30,10 +30,11 @@ BN_MODES = ("shuffle", "split", "groups", "sync", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 
-# vit.py: name -> (embedding width, depth, heads): timm's ViT-Tiny and MoCo v3's ViT-Small (12 heads)
+# models/vision_transformer.py: name -> (embedding width, depth, heads): timm's ViT-Tiny and MoCo v3's ViT-Small
+# (12 heads)
 VIT_SIZES: dict[str, tuple[int, int, int]] = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12)}
 
-# models.py: backbones and projection heads.  MoCo v1: linear; v2: mlp; v3: mlp-bn (ResNet: 2 layers) and
+# models/backbones.py: backbones and projection heads.  MoCo v1: linear; v2: mlp; v3: mlp-bn (ResNet: 2 layers) and
 # mlp3-bn (ViT: 3 layers), batch-norm after each layer and a non-affine one at the end, no biases
 BACKBONES = ("convnet", "resnet18", "resnet50", *VIT_SIZES)
 # models/named.py: any timm or torchvision classification model by name, model.backbone=timm:NAME or tv:NAME
@@ -59,13 +60,13 @@ def named_backbone(value: object) -> tuple[str, str] | None:
 # method/moco.py: moco.version: v1 and v2 share the queue algorithm (their recipes differ), v3 has none
 VERSIONS = ("v1", "v2", "v3")
 
-# negatives.py: moco.negatives
+# method/negative_sources.py: moco.negatives
 NEGATIVE_SOURCES = ("queue", "memory_bank", "in_batch", "batch_keys")
 
 # training/optimizers.py: optim.name
 OPTIMIZERS = ("sgd", "adamw", "lars")
 
-# queue.py: queue.policy: how an enqueued key chooses the slot it replaces
+# method/key_queue.py: queue.policy: how an enqueued key chooses the slot it replaces
 QUEUE_POLICIES = ("fifo", "random")
 
 # training/schedule.py: optim.schedule and moco.m_schedule

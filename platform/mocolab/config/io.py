@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from mocolab.config.schema import _SECTION_TYPES, Config, _set, apply_overrides
-from mocolab.config.storage import is_uri
+from mocolab.training.storage import is_uri
 from mocolab.config.validate import validate
 
 

@@ -21,8 +21,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Mapping
 
 from mocolab.config import Config, apply_overrides, check_same_config, fingerprint
-from mocolab.config.code_fingerprint import CodeFingerprint, code_fingerprint
-from mocolab.config.storage import Location
+from mocolab.training.code_fingerprint import CodeFingerprint, code_fingerprint
+from mocolab.training.storage import Location
 
 
 
@@ -61,7 +61,7 @@ class RunManifest:
     fingerprint: str
     format: int = FORMAT_VERSION
     mocolab: str = __version__
-    # the code that trains it (config/code_fingerprint.py): empty for a run that records none
+    # the code that trains it (training/code_fingerprint.py): empty for a run that records none
     code: Mapping[str, Any] = field(default_factory=dict)
     # where a run continued across a code change (--continue-across-code): [{"code": digest, "from_step": n}]
     segments: tuple[Mapping[str, Any], ...] = ()

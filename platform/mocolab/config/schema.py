@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from mocolab.config.choices import NEGATIVE_SOURCES, STREAMABLE, TRAIN_SIZES, VIT_SIZES, native_image_size
-from mocolab.config.image_folders import count_images
+from mocolab.data.image_folders import count_images
 
 
 @dataclass

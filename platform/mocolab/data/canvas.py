@@ -13,7 +13,7 @@ One canvas is C × (short + 1) × max(longest, HEADER_BYTES) uint8:
   a longest × longest square.
 - row ``short``, channel 0, first ``HEADER_BYTES`` bytes: the stored image's height and width on the canvas
   (two big-endian bytes each) and whether it is transposed (one byte). An unreadable file's canvas is
-  zeros, header included (its batch's stand-in replaces it: data.sets.fill_unreadable).
+  zeros, header included (its batch's stand-in replaces it: data.batching.fill_unreadable).
 
 Why in the pixels: the batch is the one thing that travels from the loader to the augmentation (through
 Ray Data's blocks, the epoch's permutation, a stand-in's copy, the copy to the device), so the size goes

@@ -36,7 +36,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from mocolab.config.image_folders import IMAGE_EXTENSIONS, class_dirs, image_files
+from mocolab.data.image_folders import IMAGE_EXTENSIONS, class_dirs, image_files
 from mocolab.data.canvas import StoreLayout, as_layout, place
 from mocolab.data.decode import to_uint8
 

@@ -5,7 +5,8 @@ used and before any work starts: ``mocolab train`` and ``train.fit``, a sweep's 
 parent MLflow run or Ray), a study's own sizing, ``mocolab baselines`` and ``mocolab eval``. A bad
 ``data.root`` (or ``$MOCOLAB_DATA``) is refused naming the field, and a folder of images (imagefolder,
 parquet) is counted without decoding, so that ``queue.size``, ``optim.batch_size``, ``bank.negatives`` and
-``data.val_size`` are held to its real size as ``validate`` holds them to a known set's.
+``data.val_size`` are held to its real size as ``validate`` holds them to a known set's. Where no folder is
+named, a set is found or downloaded under ``default_data_root``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,18 @@ from pathlib import Path
 
 from mocolab.config.choices import STREAMABLE
 from mocolab.config import Config, DataConfig, check_train_size
+
+
+def default_data_root() -> Path:
+    """One place for every downloaded or user-provided data set, overridable per machine.
+
+    ``$MOCOLAB_DATA`` lets a cluster point all workers at shared storage and a
+    laptop at wherever the files already are, without touching configs.
+    """
+    env = os.environ.get("MOCOLAB_DATA", "").strip()
+    if env:
+        return Path(env).expanduser()
+    return Path("~/.cache/mocolab").expanduser()
 
 
 def check_data(cfg: Config) -> Config:

@@ -165,7 +165,7 @@ class Evaluation:
         list of training images, so the numbers equal ``knn()`` and a separate probe.  The low-label probes
         fit on fixed class-balanced subsets of the probe's training images (``low_label.py``) and are
         scored on the probe's test images.
-        ``embed``: what makes the features, by default the encoder (baselines.py passes raw pixels): every
+        ``embed``: what makes the features, by default the encoder (training/baselines.py passes raw pixels): every
         encoder and baseline is scored on the same images by the same kNN and probes.
         """
         e, data = self.cfg, self.source

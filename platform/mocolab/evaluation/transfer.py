@@ -20,7 +20,7 @@ from mocolab.data.roots import check_data
 if TYPE_CHECKING:  # torch loads when an encoder is scored, not when a request is checked
     import torch
 
-    from mocolab.evaluation.encoders import SavedEncoder, SourceRef
+    from mocolab.evaluation.encoder_source import SavedEncoder, SourceRef
 
 EXPERIMENT = "transfer"  # where evaluations are logged unless told otherwise
 SOURCE_TAG = "mocolab.eval.source"  # what the user named: a run id, a models:/ URI or a folder

@@ -1,11 +1,11 @@
 """Momentum Contrast, as in He et al. 2020 (Algorithm 1), one screen long; MoCo v3 beside it.
 
-f_q is trained by SGD; f_k is its exponential moving average, updated under
+The query encoder f_q is trained by SGD; the key encoder f_k is its exponential moving average, updated under
 ``no_grad`` before the key forward pass, never in an optimizer.  Negatives
 come from a FIFO queue of past keys.  ``forward`` reads as the paper's
 pseudo-code; with ``symmetric`` (``moco.symmetric``) it also scores the second
 view's queries against the first view's keys, against the same queue, and
-averages the two directions.  ``MoCoV3`` (Chen, Xie, He 2021) keeps the momentum encoder and
+averages the two directions.  ``MoCoV3`` (Chen, Xie, He 2021) keeps the key encoder and
 drops the queue: the other view's keys of the whole global batch are the
 dictionary, both views are queries, and a predictor sits on the query branch.
 
@@ -42,7 +42,8 @@ __all__ = ["momentum_update"]  # stable (docs/api.md); MoCo and MoCoV3 are built
 
 
 def _ema_pairs(key_encoder: nn.Module, query_encoder: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
-    """(θ_k, θ_q) by name: f_k's parameters with f_q's of the same name (DDP's ``.module`` unwrapped)."""
+    """(θ_k, θ_q) by name: the key encoder's parameters with the query encoder's of the same name (DDP's
+    ``.module`` unwrapped)."""
     q_params = dict(getattr(query_encoder, "module", query_encoder).named_parameters())
     pairs = [(name, p_k, q_params.get(name)) for name, p_k in key_encoder.named_parameters()]
     missing = [name for name, _, p_q in pairs if p_q is None]
@@ -57,17 +58,17 @@ def momentum_update(key_encoder: nn.Module, query_encoder: nn.Module, m: float) 
     """θ_k ← m·θ_k + (1−m)·θ_q, in place, for every parameter of ``key_encoder``.
 
     Parameters pair by name, so the query encoder may hold more (MoCo v3's predictor) and may be wrapped
-    in DDP; buffers (BN statistics) are left alone, f_k keeps its own as in the reference.  ``m`` comes in
+    in DDP; buffers (BN statistics) are left alone, the key encoder keeps its own as in the reference.  ``m`` comes in
     with each call: a schedule (m cosine to 1) lives in the loop.  One fused kernel per operation over all
     parameters.
 
     Args:
-        key_encoder: f_k, updated in place (no gradient flows).
-        query_encoder: f_q, read only.
+        key_encoder: the key encoder f_k, updated in place (no gradient flows).
+        query_encoder: the query encoder f_q, read only.
         m: the momentum in [0, 1]: 0 copies f_q, 1 leaves f_k as it is.
 
     Raises:
-        ValueError: ``m`` outside [0, 1], or a parameter of f_k that f_q has not.
+        ValueError: ``m`` outside [0, 1], or a parameter of the key encoder that the query encoder has not.
 
     Example::
 
@@ -103,7 +104,7 @@ class MoCo(nn.Module):
         if tau <= 0:
             raise ValueError(f"moco.tau: {tau} must be > 0")
         self.encoder_q = encoder_q
-        # v3's query encoder carries a predictor the momentum encoder has not
+        # v3's query encoder carries a predictor the key encoder has not
         self.encoder_k = encoder_q.without_predictor() if hasattr(encoder_q, "without_predictor") \
             else copy.deepcopy(encoder_q)
         for p in self.encoder_k.parameters():
@@ -130,7 +131,8 @@ class MoCo(nn.Module):
         return encoder_autocast(x.device, self.encoder_dtype)
 
     def ema_pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
-        """(θ_k, θ_q) by name: f_k's parameters with the query encoder's of the same name (DDP unwrapped)."""
+        """(θ_k, θ_q) by name: the key encoder's parameters with the query encoder's of the same name (DDP
+        unwrapped)."""
         return _ema_pairs(self.encoder_k, self.encoder_q)
 
     def momentum_update(self) -> None:
@@ -192,7 +194,7 @@ class MoCo(nn.Module):
 
     @property
     def writer(self) -> nn.Module | None:
-        """f_k writes the queue."""
+        """The key encoder writes the queue."""
         return self.encoder_k
 
     @property
@@ -229,7 +231,7 @@ class MoCoV3(MoCo):
 
     @classmethod
     def from_config(cls, cfg: Config, parts: MethodParts) -> MoCoV3:
-        """f_q with a predictor (f_k, its EMA, has none); no queue."""
+        """The query encoder with a predictor (the key encoder, its EMA, has none); no queue."""
         return cls(parts.encoder(predictor=True), m=cfg.moco.m, tau=cfg.moco.tau, shuffler=_key_shuffler(cfg),
                    encoder_dtype=parts.encoder_dtype)
 

@@ -10,7 +10,7 @@ image; a query's positive is its own image's entry and its K negatives are
 entries drawn at random, then the batch's entries move towards the new
 embeddings, v ← normalise(a·v + (1 − a)·q).  The dictionary is as large as the
 data set, but an entry was written when its image was last seen, up to an
-epoch of encoder updates ago.  MoCo's queue (queue.py) sits between: large, and
+epoch of encoder updates ago.  MoCo's queue (key_queue.py) sits between: large, and
 written by a slowly moving key encoder.
 
 Both classes here are ``Method``s (method/protocol.py), as MoCo is, and say so

@@ -7,11 +7,11 @@ is there a key encoder (whose momentum the schedule sets), a dictionary (whose
 ages and drift the diagnostics follow), which encoder writes it, what goes in
 a checkpoint, and how to describe it in one line.  The built-in methods:
 
-    name          class                            key encoder   dictionary
-    queue         moco.MoCo (v1, v2)               f_k (EMA)     the queue of K keys
-    v3            moco.MoCoV3                      f_k (EMA)     none: the global batch's keys
-    memory_bank   negatives.MemoryBankContrast     none          one entry per training image
-    in_batch      negatives.InBatchContrast        none          none: the global batch's views
+    name          class                                   key encoder   dictionary
+    queue         moco.MoCo (v1, v2)                      EMA of f_q    the queue of K keys
+    v3            moco.MoCoV3                             EMA of f_q    none: the global batch's keys
+    memory_bank   negative_sources.MemoryBankContrast     none          one entry per training image
+    in_batch      negative_sources.InBatchContrast        none          none: the global batch's views
 
 ``method.name=supervised`` (supervised.Supervised, the reproduction's supervised bound: the labels, no
 negatives) goes the plugins' way, as mocolab's own.  Methods from outside the package implement it too:
@@ -71,11 +71,11 @@ class Method(Protocol):
     - ``step``: a buffer counting forwards (the checkpoint's ``moco_step``; queue and bank writes are
       stamped with it).
     - ``negatives``: where the negatives come from, as the diagnostics name it.
-    - ``key_encoder``: the momentum encoder, or None.  A method that has one reads its EMA momentum from
-      an attribute ``m``, which the trainer sets before each step (``moco.m_schedule``).
+    - ``key_encoder``: the key encoder (the EMA of the query encoder), or None.  A method that has one reads its EMA
+      momentum from an attribute ``m``, which the trainer sets before each step (``moco.m_schedule``).
     - ``dictionary``: the stored negatives (a ``Dictionary``), or None where every negative is this step's.
-    - ``writer``: the encoder whose embeddings the dictionary stores (the key drift is measured on it),
-      or None with no dictionary.
+    - ``writer``: the encoder whose embeddings the dictionary stores (the key drift is measured on it): the
+      key encoder for MoCo's queue, the query encoder for the memory bank; None with no dictionary.
     - ``shuffle_generator``: the key batch's own shuffle generator (``moco.bn=shuffle``), checkpointed as
       ``shuffle_rng``; None where the method draws none of its own.
     - ``checkpoint_parts()``: the stateful parts besides ``encoder_q``, by their names in a trainer

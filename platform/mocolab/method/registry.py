@@ -28,8 +28,8 @@ __all__ = ["METHODS", "build_method", "method_name"]
 METHODS: dict[str, Callable[[Config, MethodParts], Method]] = {
     "queue": MoCo.from_config,  # method/moco.py: v1 and v2
     "v3": MoCoV3.from_config,  # method/moco.py
-    "memory_bank": MemoryBankContrast.from_config,  # negatives.py
-    "in_batch": InBatchContrast.from_config,  # negatives.py
+    "memory_bank": MemoryBankContrast.from_config,  # negative_sources.py
+    "in_batch": InBatchContrast.from_config,  # negative_sources.py
     "batch_keys": BatchKeysMoCo.from_config,  # method/moco.py: v2 without its queue (a control)
 }
 

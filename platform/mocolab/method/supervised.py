@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mocolab.config.choices import STREAMABLE
-from mocolab.data.sets import fill_unreadable
+from mocolab.data.batching import fill_unreadable
 from mocolab.method.protocol import MethodOutput, MethodParts, encoder_autocast
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Supervised(nn.Module):
                              f"max {int(labels.max()) if labels.numel() else None}")
         self.encoder_q = encoder  # backbone + classifier: trained; its backbone evaluated and exported
         self.classes, self.encoder_dtype = classes, encoder_dtype
-        self.damaged = bool((labels < 0).any())  # rows whose images the batches replace (data.sets.fill_unreadable)
+        self.damaged = bool((labels < 0).any())  # rows whose images the batches replace (data.batching.fill_unreadable)
         self.register_buffer("labels", labels, persistent=False)  # the data's, not the run's: never checkpointed
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 

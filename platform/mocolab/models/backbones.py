@@ -64,7 +64,7 @@ def _torchvision_resnet(name: str, in_channels: int, cifar_stem: bool) -> nn.Mod
 
 def build_backbone(name: str, in_channels: int, width: int = 32, *, image_size: int = 28, patch_size: int = 0,
                    depth: int = 0, freeze_patch_embed: bool = False) -> nn.Module:
-    """``image_size``, ``patch_size``, ``depth`` and ``freeze_patch_embed`` shape the ViTs only (vit.py);
+    """``image_size``, ``patch_size``, ``depth`` and ``freeze_patch_embed`` shape the ViTs only (vision_transformer.py);
     ``timm:NAME`` and ``tv:NAME`` are built for ``in_channels`` and ``image_size`` by models/named.py."""
     if named_backbone(name):
         return build_named(name, in_channels, image_size)
@@ -136,7 +136,7 @@ class Encoder(nn.Module):
         return self.predictor(z) if self.predictor is not None else z
 
     def without_predictor(self) -> "Encoder":
-        """A copy of backbone and head only: MoCo v3's momentum encoder."""
+        """A copy of backbone and head only: MoCo v3's key encoder."""
         return Encoder(copy.deepcopy(self.backbone), copy.deepcopy(self.head))
 
 

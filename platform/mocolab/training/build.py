@@ -152,7 +152,7 @@ def build_run(cfg: Config, source: TrainSource, device: torch.device, world_size
         for module in (encoder, model.key_encoder):
             if module is not None:
                 module.compile()
-    if world_size > 1:  # DDP over the query encoder only: the queue and f_k stay out of its broadcasts
+    if world_size > 1:  # DDP over the query encoder only: the queue and the key encoder stay out of its broadcasts
         ids = [device.index] if device.type == "cuda" else None
         model.encoder_q = nn.parallel.DistributedDataParallel(encoder, device_ids=ids)
     augment = build_augmentation(cfg.augment, source.image_size, source.channels).to(device)

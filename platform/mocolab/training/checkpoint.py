@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from mocolab.config.manifest import FORMAT_VERSION, RunManifest, refuse_format
-from mocolab.config.storage import Location
+from mocolab.training.storage import Location
 
 PREFIX = "checkpoint_"
 

@@ -27,7 +27,7 @@ from mocolab.config import Config, validate, with_absolute_paths
 from mocolab.data.roots import check_data
 from mocolab.config.hardware import resolve_device
 from mocolab.training.lock import NameLock
-from mocolab.config.code_fingerprint import UNKNOWN, code_fingerprint
+from mocolab.training.code_fingerprint import UNKNOWN, code_fingerprint
 from mocolab.method.plugins import method_modules, shipped_paths
 from mocolab.config.manifest import (FINAL_ERROR, RunManifest, check_resume, read_manifest, write_manifest,
                                      write_outcome)
@@ -35,13 +35,13 @@ from mocolab.tracking import (RunTracker, TrackingUnreachable, check_tracking_ur
                               redact_uri, resolve_tracking_uri)
 from mocolab.data.sources import FINAL_ERRORS, DamagedDataError
 from mocolab.training.checkpoint import load_rank_state, local_checkpoints
-from mocolab.training.code_check import (REUSE_FLAG, Ended, continued_segments, describe, ended_run,
+from mocolab.training.rerun import (REUSE_FLAG, Ended, continued_segments, describe, ended_run,
                                          interrupted_by_other_code, other_code_name)
 from mocolab.training.ray_output import quiet_driver_output
 from mocolab.training.resources import check_placement, node_capacities, worker_gpus
 from mocolab.training.session import WorkerArgs, last_metrics
 from mocolab.training.shipping import check_job_paths, check_nodes, code_runtime_env, method_runtime_env
-from mocolab.config.storage import Location, is_uri
+from mocolab.training.storage import Location, is_uri
 
 CHECKPOINT_DIR_TAG = "mocolab.checkpoint_dir"  # the run's folder (or URI): its manifest and checkpoints
 CHECKPOINT_TAG = "mocolab.checkpoint"  # the latest checkpoint at the run's end: from the UI to the files
@@ -120,7 +120,7 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
         neutral_changes: frozenset[tuple[str, str]] = frozenset()) -> TrainOutcome:
     """Train one model to the end (or resume it) and return its outcome.
 
-    The same command is the same config trained by the same code (training/code_check.py): a run it has
+    The same command is the same config trained by the same code (training/rerun.py): a run it has
     ended is reported without training; an ended run of other code stays, and this code trains the config
     as ``<name>-c<code>`` beside it (``reuse_other_code``: report that run instead); a run interrupted under
     other code is refused unless ``continue_across_code`` or the change is one of ``neutral_changes`` ((from,

@@ -72,8 +72,8 @@ class DriftMonitor(Monitor):
         self.offset = 0 if self.local else rank * batch  # this rank's images in a step's written slots
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Unit embeddings of un-augmented uint8 images by the dictionary's writer, in eval mode (no RNG),
-        on the host: an epoch's measurement."""
+        """Unit embeddings of un-augmented uint8 images by the encoder that writes the dictionary (the method's
+        ``writer``: MoCo's key encoder), in eval mode (no RNG), on the host: an epoch's measurement."""
         return F.normalize(extract_features(self.model.writer, centre_views(images, self.size), self.device), dim=1)
 
     @torch.no_grad()

@@ -21,7 +21,7 @@ from mocolab.method import rng
 from mocolab.method.async_copy import to_device
 from mocolab.training.build import build_run, training_source
 from mocolab.config import Config
-from mocolab.config.step_metrics import step_metrics_interval
+from mocolab.training.step_metrics import step_metrics_interval
 from mocolab.evaluation.scoring import Evaluation, FinalScores
 from mocolab.evaluation.probe import ProbeResult
 from mocolab.config.hardware import keep_freed_memory, resolve_device
@@ -184,7 +184,7 @@ class Trainer:
 
     def records_step(self, step: int) -> bool:
         """Whether the per-step metrics of the step that makes the count ``step`` are kept: every
-        ``run.step_metrics_every``-th; by default as many as a chart draws (config/step_metrics.py)."""
+        ``run.step_metrics_every``-th; by default as many as a chart draws (training/step_metrics.py)."""
         return step % self.step_metrics_interval == 0
 
     # -------------------------------------------------------------- checkpoints

@@ -31,7 +31,7 @@ from mocolab.config.manifest import FINAL_ERROR, RunManifest, check_resume
 from mocolab.tracking import MetricsLogger
 from mocolab.tracking.logged_models import CLASSIFIER, ENCODER, log_models
 from mocolab.tracking.system import node_labels, start_monitor, stop_monitor
-from mocolab.config.storage import Location
+from mocolab.training.storage import Location
 from mocolab.training.checkpoint import load_rank_state, local_checkpoints, save_local, save_rank_state
 from mocolab.config.hardware import usable_cores
 from mocolab.training.resources import PG_KEY, current_placement_group, threads_for
@@ -199,7 +199,7 @@ def _loop(args: WorkerArgs, cfg: Config) -> None:
     device = session.device(cfg.run.device, args.gpus_per_worker, local=cfg.run.num_workers == 0)
     trainer = Trainer(cfg, device=device, source=open_source(cfg, say=print if session.world_rank() == 0 else None,
                                                              device=device))
-    run_dir = Location(args.run_dir)  # a folder or a URI (config/storage.py)
+    run_dir = Location(args.run_dir)  # a folder or a URI (training/storage.py)
     state = _resume_state(session, trainer, run_dir, args.manifest, local=cfg.run.num_workers == 0)
     if state is not None:
         trainer.load_state_dict(state)

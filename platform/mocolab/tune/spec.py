@@ -17,7 +17,7 @@ from mocolab.config import Config, build_config, check_name
 from mocolab.config.launch_fields import LAUNCH_SETTINGS, launch_requests
 from mocolab.data.roots import check_data
 from mocolab.config.flags import check_number
-from mocolab.config.storage import Location
+from mocolab.training.storage import Location
 from mocolab.tune.search import check_search
 
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from mocolab.config import config_file_overrides, list_presets, parse_overrides
 from mocolab.config.flags import check_seeds, parse_checked
 from mocolab.training.interrupts import closing_on_signals, exit_code
-from mocolab.config.code_fingerprint import neutral_changes
-from mocolab.training.code_check import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
+from mocolab.training.code_fingerprint import neutral_changes
+from mocolab.training.rerun import CONTINUE_FLAG, CONTINUE_HELP, REUSE_FLAG, REUSE_HELP
 from mocolab.config.launch_fields import config_file_requests
 from mocolab.tune.spec import (REGISTER_METRIC, REGISTER_METRICS, TEST_METRICS, Launch, Sweep, Trial,
                                check_sweep, register_warning, settle_launch)

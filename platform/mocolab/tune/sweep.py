@@ -26,9 +26,9 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from mocolab.config import absolute_paths, build_config
 from mocolab.training.lock import NameLock
-from mocolab.config.code_fingerprint import code_fingerprint
+from mocolab.training.code_fingerprint import code_fingerprint
 from mocolab.method.plugins import method_modules
-from mocolab.config.storage import is_uri
+from mocolab.training.storage import is_uri
 from mocolab.tracking import (SWEEP_TAG, HistoryCache, Store, SweepRun, check_tracking_uri, local_store_path,
                               redact_uri, resolve_tracking_uri, source_tags)
 from mocolab.training import fit

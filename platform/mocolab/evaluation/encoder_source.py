@@ -3,7 +3,7 @@
 The encoder comes back as the backbone it was trained as (``models.build_backbone`` from the run's config,
 with the logged weights), not as the exported program: a plain module runs in eval mode, on any device
 and under the run's autocast, exactly as ``evaluation.extract_features`` scored it during training.
-MLflow is asked only for a run id or a model URI, and only through ``tracking.fetch``; an export folder
+MLflow is asked only for a run id or a model URI, and only through ``tracking.logged_models``; an export folder
 needs neither MLflow nor a store.
 """
 
@@ -82,7 +82,7 @@ def resolve_source(source: str | os.PathLike[str], tracking_uri: str | None = No
     # meant as a path: say so rather than look it up as a run
     if not text.startswith("models:/") and (os.sep in text or text.startswith(".")):
         raise ValueError(f"EXPORT_DIR: {text!r} is not a folder")
-    from mocolab.tracking.fetch import find_encoder
+    from mocolab.tracking.logged_models import find_encoder
 
     found = find_encoder(text, tracking_uri)
     return SourceRef(text, run_id=found.run_id, run_name=found.run_name, experiment_id=found.experiment_id,
@@ -95,7 +95,7 @@ def load_saved_encoder(source: str | os.PathLike[str] | SourceRef, tracking_uri:
     if ref.path is not None:
         state = torch.load(ref.path / "backbone.pt", weights_only=True, map_location="cpu")
         return _rebuild(state, (ref.path / "config.yaml").read_text(), ref)
-    from mocolab.tracking.fetch import LoggedEncoder, fetch_encoder
+    from mocolab.tracking.logged_models import LoggedEncoder, fetch_encoder
 
     found = LoggedEncoder(ref.run_id or "", ref.run_name or "", ref.experiment_id or "", ref.experiment or "",
                           ref.model_uri or "")

@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mocolab.config.code_fingerprint import UNKNOWN, CodeFingerprint
+from mocolab.training.code_fingerprint import UNKNOWN, CodeFingerprint
 from mocolab.config.manifest import RunManifest, read_outcome
-from mocolab.config.storage import Location
+from mocolab.training.storage import Location
 
 REUSE_FLAG = "--reuse-other-code"
 CONTINUE_FLAG = "--continue-across-code"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mocolab.config.step_metrics import STEP_POINTS, step_metrics_interval
+from mocolab.training.step_metrics import STEP_POINTS, step_metrics_interval
 
 
 @pytest.mark.parametrize("total", [1, 4, 250, 251, 256, 6420, 1_000_000])
