@@ -772,7 +772,7 @@ def same_config_section(results: Path) -> str:
     lines = ["## The same config in more than one study", "",
              "Arms of different studies that train the same config (a test compares the configs their runs recorded "
              "in `results/runs.db`, field by field, leaving out the experiment a run logged to and the fields that "
-             "do not change what it computes: `config/fingerprint.py`'s `RESUMABLE_FIELDS`), seed by seed: linear "
+             "do not change what it computes: `config/run_identity.py`'s `RESUMABLE_FIELDS`), seed by seed: linear "
              "and kNN top-1 %, the final loss. A run is determined by its config, its "
              "seed and the machine: the same kind of CPU gives the same numbers to the last digit, another gives "
              "others (its bf16 kernels round otherwise), which is why a study reads a borrowed arm only from its "
