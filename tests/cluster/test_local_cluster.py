@@ -135,7 +135,7 @@ def test_readme_block_two_trials_log_every_metric_to_mlflow(tmp_path, free_port)
         counted = 0
         for r in children:
             assert r.info.status == "FINISHED", r.data.tags
-            for key in ("loss", "lr", "pretext_acc", "knn_top1", "images_per_s", "staleness_mean"):
+            for key in ("loss", "lr", "pretext_acc", "knn_top1", "system/images_per_s", "staleness_mean"):
                 assert metric_steps(client, r.info.run_id, key) == expected, (r.data.tags["trial"], key)
                 counted += len(expected)
             for key in ("m", "grad_norm_first_layer"):

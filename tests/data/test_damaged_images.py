@@ -15,7 +15,7 @@ from mocolab.method import rng
 from mocolab.config import build_config
 from mocolab.data.sets import _synthetic, fill_unreadable, load_dataset
 from mocolab.data.image_index import build_index, decode, write_imagefolder
-from mocolab.data.sources import DamagedDataError, MemorySource
+from mocolab.data.sources import DamagedDataError, MemorySource, UnreadableFiles
 from conftest import mlflow_store
 
 DAMAGE = {  # how each broken file is made from a good JPEG's bytes
@@ -83,6 +83,10 @@ def test_in_memory_a_set_damaged_beyond_the_bound_is_refused_before_training(tmp
     source = MemorySource(train, test, max_bad_fraction=0.02)
     assert source.unreadable.count("train") == 3 and source.unreadable.count("test") == 1
     assert source.unreadable.metrics() == {"data_unreadable_train": 3.0, "data_unreadable_test": 1.0}
+    clean = UnreadableFiles({"train": 203, "val": 20, "test": 51})
+    clean.add("test", ["val/c001/broken_empty.jpg"])
+    # a split with none logs no key (as the tag names none): no series of zeros on the run's charts
+    assert clean.metrics() == {"data_unreadable_test": 1.0}
     assert "3 of 203 training images unreadable" in source.unreadable.tags()["mocolab.data_unreadable"]
     notes = source.notes()
     assert notes[0].startswith("train data: 3 of 203 training images unreadable: train/c000/broken_truncated.jpg")

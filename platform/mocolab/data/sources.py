@@ -114,8 +114,9 @@ class UnreadableFiles:
                 f"data.max_bad_fraction (0 to 1) to train with stand-ins for them")
 
     def metrics(self) -> dict[str, float]:
-        """``data_unreadable_<split>``: the counts as MLflow metrics."""
-        return {f"data_unreadable_{split}": float(self.count(split)) for split in self.sizes}
+        """``data_unreadable_<split>``: the counts as MLflow metrics, of the splits with any (as ``tags``): a clean
+        set adds no series to the run's charts, and a missing key reads as none."""
+        return {f"data_unreadable_{split}": float(self.count(split)) for split in self.sizes if self.count(split)}
 
     def tags(self) -> dict[str, str]:
         """``mocolab.data_unreadable``: the counts and the first names, for the run's page (only when any)."""

@@ -10,7 +10,6 @@ artifact temp files) live here and nowhere else.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +20,7 @@ from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
 from mocolab.config import check_same_config
+from mocolab.tracking.run_keys import run_value
 from mocolab.tracking.source import source_tags
 from mocolab.tracking.uri import resolve_tracking_uri
 
@@ -43,7 +43,8 @@ PARENT_ID_TAG = "mlflow.parentRunId"
 FAILURE_TAG = "mocolab.failure_reason"
 STOPPED_AT_TAG = "mocolab.stopped_at_epoch"  # a trial a scheduler stopped early: the epochs it completed
 RUNS_PAGE_SIZE = 1000  # runs per search request (``Store.search_all`` reads every page)
-# The final metrics a trials table carries (besides label, status, run id and params).
+# The final numbers a trials table carries (besides label, status, run id and params), wherever a run holds
+# them (tracking/run_keys.py: the config's constants are tags)
 TRIAL_METRICS = ("linear_top1", "knn_top1", "knn20_top1", "linear_top1_1pct", "linear_top1_10pct", "final_loss",
                  "ema_half_life", "max_staleness_bound", "pretext_acc",
                  "staleness_mean", "staleness_max", "drift_cos", "stored_cos")
@@ -68,7 +69,7 @@ def trials_frame(runs: Iterable[Run]) -> pd.DataFrame:
         row["code"] = tags.get(CODE_TAG, "")[:8] or "unknown"  # the code that made it (unknown: none recorded)
         row["code_segments"] = tags.get(SEGMENTS_TAG, "")  # a run continued across code changes
         row.update({f"params.{k}": _num(v) for k, v in params.items() if k != CODE_PARAM})
-        row.update({k: metrics.get(k, math.nan) for k in TRIAL_METRICS})
+        row.update({k: run_value(tags, metrics, k) for k in TRIAL_METRICS})
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -484,9 +484,14 @@ def _epoch_record(tr: Trainer, loss: float, pretext: float, rate: float, t0: flo
     knn, val_knn = (None, monitor) if val else (monitor, None)
     online, val_online = (None, online) if val else (online, None)
     measured = tr.measure_epoch()
-    bound = cfg.max_staleness if cfg.uses_queue else 0.0
     return EpochRecord(epoch=tr.epoch, step=tr.step, loss=loss, lr=tr.schedule.lr(tr.step - 1),
                        m=tr.schedule.momentum(tr.step - 1), pretext_acc=pretext, knn_top1=knn, images_per_s=rate,
-                       ema_half_life=cfg.ema_half_life, max_staleness_bound=bound, seconds=time.perf_counter() - t0,
-                       per_step=tr.last_epoch_series, val_knn_top1=val_knn, online_linear_top1=online,
-                       val_online_linear_top1=val_online, **measured)
+                       seconds=time.perf_counter() - t0, per_step=tr.last_epoch_series, val_knn_top1=val_knn,
+                       online_linear_top1=online, val_online_linear_top1=val_online, **run_constants(cfg),
+                       **measured)
+
+
+def run_constants(cfg: Config) -> dict[str, float]:
+    """What the config fixes for the whole run, beside each epoch's measures so they read against it: the key
+    encoder's EMA half-life in steps and the FIFO queue's staleness bound (0 where no queue is kept)."""
+    return {"ema_half_life": cfg.ema_half_life, "max_staleness_bound": cfg.max_staleness if cfg.uses_queue else 0.0}

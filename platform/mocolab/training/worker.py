@@ -26,10 +26,11 @@ from mocolab.models.exported import FeatureExtractor, ProbeClassifier
 from mocolab.config.hardware import provenance
 from mocolab.data.canvas import StoreLayout
 from mocolab.data.sources import FINAL_ERRORS, TrainSource, choose_loader
-from mocolab.training.trainer import EpochRecord, Trainer, run_training
+from mocolab.training.trainer import EpochRecord, Trainer, run_constants, run_training
 from mocolab.config.manifest import FINAL_ERROR, RunManifest, check_resume
 from mocolab.tracking import MetricsLogger
 from mocolab.tracking.logged_models import CLASSIFIER, ENCODER, log_models
+from mocolab.tracking.run_keys import constant_tags, for_mlflow
 from mocolab.tracking.system import node_labels, start_monitor, stop_monitor
 from mocolab.training.storage import Location
 from mocolab.training.checkpoint import load_rank_state, local_checkpoints, save_local, save_rank_state
@@ -215,6 +216,8 @@ def _loop(args: WorkerArgs, cfg: Config) -> None:
         logger.log_datasets(trainer.data.records())
         for key, value in provenance(trainer.device, trainer.precision).items():  # torch, device, precision
             logger.set_tag(key, value)
+        for key, value in constant_tags(run_constants(cfg)).items():  # once a run, not a series per epoch
+            logger.set_tag(key, value)
     nodes = worker_nodes()
     if trainer.is_main:
         print(f"workers on Ray nodes (rank order): {','.join(nodes)}"
@@ -286,7 +289,7 @@ def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogge
         if logger is not None:  # MLflow keeps the step itself: a "step" metric would only be noise in its UI
             # m comes once per step in the series (the epoch's value is its last point); the unreadable
             # images found so far beside the epoch's numbers, and named on the run's page
-            logger.log({**{k: v for k, v in metrics.items() if k != "step" and k not in rec.per_step},
+            logger.log({**for_mlflow({k: v for k, v in metrics.items() if k != "step" and k not in rec.per_step}),
                         **trainer.data.unreadable.metrics()}, rec.step, series=rec.per_step)
             for key, value in trainer.data.unreadable.tags().items():
                 logger.set_tag(key, value)
@@ -329,10 +332,11 @@ def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogge
         final.update(logger.best_of(monitor_best), final_knn_top1=scored.knn,
                      **({"final_online_linear_top1": scored.online} if scored.online is not None else {}))
     if logger is not None:
-        logger.log_final({**{k: v for k, v in final.items()
-                             if k in ("linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss",
-                                      "worker_rss_growth_mb", "worker_rss_growth_after_warmup_mb", *extra)
-                             or k.startswith(("best_", "final_"))},
+        logger.log_final({**for_mlflow({k: v for k, v in final.items()
+                                        if k in ("linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1",
+                                                 "final_loss", "worker_rss_growth_mb",
+                                                 "worker_rss_growth_after_warmup_mb", *extra)
+                                        or k.startswith(("best_", "final_"))}),
                           **trainer.data.unreadable.metrics()},  # the evaluation's findings included
                          result.steps)
         for key, value in trainer.data.unreadable.tags().items():
