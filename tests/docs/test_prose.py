@@ -21,6 +21,7 @@ from mocolab.repro.plan import HEADLINE_BEGIN, HEADLINE_END
 from readme_blocks import OPEN, REPO
 
 README_LINES = 120
+ARCHITECTURE_LINES = 250  # the map, the layers and their rules, where each concept lives: no more
 GENERATED = {"REPRODUCTION.md"}  # written by `mocolab repro --document-only`
 DATE = re.compile(r"\b(?:19|20)\d{2}-\d{2}-\d{2}\b")
 HEX = re.compile(r"(?<![\w/.#-])[0-9a-f]{7,40}(?![\w/-])")
@@ -85,9 +86,12 @@ def test_readme_and_docs_prose_name_no_date_and_no_commit():
                        f"benchmarks/RESULTS.md with a link from the page): {found}")
 
 
-def test_readme_is_read_in_five_minutes():
+def test_readme_is_read_in_five_minutes_and_the_architecture_page_stays_a_map():
     lines = len((REPO / "README.md").read_text().splitlines())
     assert lines <= README_LINES, f"README.md has {lines} lines, over {README_LINES}: move detail to docs/"
+    lines = len((REPO / "docs" / "ARCHITECTURE.md").read_text().splitlines())
+    assert lines <= ARCHITECTURE_LINES, (f"docs/ARCHITECTURE.md has {lines} lines, over {ARCHITECTURE_LINES}: "
+                                         "move detail to the page of its concept")
 
 
 def test_the_check_sees_dates_and_commits_in_prose_but_not_in_fences_or_generated_text():
