@@ -22,6 +22,7 @@ import time
 
 import torch
 from _machine import machine
+from low_label import trained
 
 from mocolab.config import build_config, parse_overrides
 from mocolab.evaluation.scoring import extract_features
@@ -88,14 +89,7 @@ def main() -> None:
     for seed in range(args.seeds):
         for n in lengths:
             cfg = build_config(args.preset, {**parse_overrides(args.set), "run.seed": seed})
-            tr = Trainer(cfg)
-            done = 0
-            while done < n:
-                for images in tr.data.epoch(tr.epoch_order(tr.epoch), tr.batch, tr.rank, tr.world_size, 0):
-                    tr.train_step(images, None, tr.schedule.momentum(tr.step))
-                    done += 1
-                    if done == n:
-                        break
+            tr = trained(cfg, n)
             arms = {"before": ("float32 features, float64 probe", evaluate(tr, None, torch.float64)),
                     "after": (f"{'bf16' if tr.precision == torch.bfloat16 else 'float32'} features, float32 probe",
                               evaluate(tr, tr.precision, torch.float32))}
