@@ -30,7 +30,7 @@ BASELINE_COLUMNS = ("kind", "seed", "linear_top1", "knn_top1", "linear_top1_1pct
 
 
 def baseline_frame(baselines: Iterable[Any]) -> pd.DataFrame:
-    """Baselines (``training.baselines.Baseline``, or anything with its fields) as a table, one row each."""
+    """Baselines (``training.baselines.Baseline``) as a table, one row each: NaN where one lacks a score."""
     return pd.DataFrame([{"kind": b.kind, "seed": b.seed, **{c: b.metric(c) for c in BASELINE_COLUMNS[2:]}}
                          for b in baselines], columns=list(BASELINE_COLUMNS))
 
