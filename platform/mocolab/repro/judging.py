@@ -4,7 +4,7 @@ its verdicts, the budget and "learning is plain" checks, and the tables the docu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import pandas as pd
@@ -107,8 +107,7 @@ def judge_secondary(claims: Sequence[tuple[Claim, list[tuple[tuple[str, str], Ju
         for metric in SECONDARY_METRICS:
             if metric not in frame or not frame[metric].notna().any():
                 continue
-            twin = Claim(claim.words, claim.pairs, claim.kind, metric, claim.momenta, claim.control, claim.m,
-                         claim.paper)
+            twin = replace(claim, metric=metric)
             rows = judge_claim(twin, study, frame, steps)
             if any(j.comparison.n for _, j in rows):
                 out.append((twin, rows))
