@@ -212,8 +212,13 @@ def timed_variant(tr: Trainer, data: list, warmup: int, device: torch.device) ->
         _sync(device)
         seconds = time.perf_counter() - t0
     steps = len(data) - warmup
-    return {"images_per_s": round(steps * tr.batch / seconds, 1), "ms_per_step": round(1000 * seconds / steps, 2),
-            "first_step_s": round(first, 2), "peak_gib": _peak_gib(device)}
+    return {"images_per_s": round(steps * tr.batch / seconds, 1), "ms_per_step": _three_figures(1000 * seconds / steps),
+            "first_step_s": _three_figures(first), "peak_gib": _peak_gib(device)}
+
+
+def _three_figures(value: float) -> float:
+    """Three significant figures, so a toy-sized dry run's millisecond timings do not round to zero."""
+    return float(f"{value:.3g}")
 
 
 def _peak_gib(device: torch.device) -> float | None:
@@ -332,8 +337,8 @@ def time_final_eval(tr_cfg, device: torch.device, rows: int, test_rows: int, dim
     _sync(device)
     probe_s = time.perf_counter() - t0
     return {"train_rows": rows, "test_rows": test_rows, "dim": dim, "classes": classes, "knn_bank": bank,
-            "knn_test": knn_test, "knn_s": round(knn_s, 2), "probe_steps": e.linear_steps,
-            "probe_s": round(probe_s, 2), "peak_gib": _peak_gib(device)}
+            "knn_test": knn_test, "knn_s": _three_figures(knn_s), "probe_steps": e.linear_steps,
+            "probe_s": _three_figures(probe_s), "peak_gib": _peak_gib(device)}
 
 
 # ------------------------------------------------------------------------------------------------- the run
