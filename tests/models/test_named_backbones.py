@@ -3,8 +3,10 @@ or ``tv:NAME``, built untrained for the data's channels and image side, refused 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,41 @@ def test_small_images_get_their_family_s_stem_and_the_model_s_feature_width(name
         assert backbone(torch.rand(2, channels, side, side)).shape == (2, width)
 
 
+@pytest.mark.parametrize("name", ["timm:resnet18", "tv:resnet18", "timm:convnext_atto"])
+def test_the_small_image_stem_keeps_the_image_s_side_and_starts_as_its_family_s_own(name, request):
+    """The 3×3 stride-1 stem (padding 1) hands the next layer the whole image, neither cropped nor widened, and
+    its weights start as the family's: ResNet's Kaiming normal over fan-out (std √(2 / (out·3·3))), no bias;
+    ConvNeXt's truncated normal of std 0.02, its bias kept and zero."""
+    if name.startswith("timm:"):
+        request.getfixturevalue("timm")
+    torch.manual_seed(0)
+    net = build_named(name, 1, 28).net
+    stem = net.stem[0] if "convnext" in name else net.conv1
+    with torch.no_grad():
+        assert stem(torch.rand(2, 1, 28, 28)).shape == (2, stem.out_channels, 28, 28)
+    std = float(stem.weight.detach().std())
+    if "convnext" in name:
+        assert stem.bias is not None and not stem.bias.any()
+        assert abs(std / 0.02 - 1) < 0.1, std
+    else:
+        assert stem.bias is None
+        assert abs(std / math.sqrt(2 / (stem.out_channels * 9)) - 1) < 0.1, std
+
+
+def test_googlenet_is_built_without_its_auxiliary_heads_and_with_its_own_init():
+    """torchvision's GoogLeNet untrained: no auxiliary classifiers (a training forward returns the features, not
+    its tuple of three outputs), its own truncated-normal init (std 0.01) asked for, so torchvision does not warn
+    that it will change."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backbone = build_named("tv:googlenet", 3, 128)
+    net = backbone.net
+    assert net.aux1 is None and net.aux2 is None and backbone.out_dim == 1024
+    assert abs(float(net.conv1.conv.weight.detach().std()) / 0.01 - 1) < 0.2
+    assert backbone.train()(torch.rand(2, 3, 128, 128)).shape == (2, 1024)
+
+
 def test_the_encoder_around_a_named_backbone_splits_its_batch_norm_and_trains_under_bf16(timm):
     torch.manual_seed(0)
     enc = build_encoder("timm:resnet18", 1, head="mlp", dim=16, bn_groups=2, image_size=28)
@@ -141,6 +178,12 @@ def test_large_images_take_any_model_and_timm_s_batchnorm_act_unfolds_unchanged(
     x = torch.rand(2, 1, 128, 128)
     with torch.no_grad():
         assert torch.allclose(backbone(x), raw(x), atol=1e-6)  # the same network, its BN now moco.bn's to convert
+        # in training too: the batch's statistics, and running averages moved by the same momentum
+        assert torch.allclose(backbone.train()(x), raw.train()(x), atol=1e-5)
+    unfolded, folded = ([m for m in net.modules() if isinstance(m, nn.BatchNorm2d)] for net in (backbone, raw))
+    assert len(unfolded) == len(folded) > 0
+    assert all(torch.allclose(a.running_var, b.running_var) and a.eps == b.eps for a, b in zip(unfolded, folded))
+    backbone.eval()
     assert backbone(x).shape == (2, backbone.out_dim) == (2, raw.head_hidden_size)  # not num_features: a conv head
     tv = build_named("tv:mobilenet_v3_small", 3, 128).eval()
     with torch.no_grad():

@@ -9,6 +9,7 @@ process (W = 0) with a local MLflow store.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -35,10 +36,22 @@ def test_the_fingerprint_reads_code_not_comments_docstrings_or_layout(tmp_path):
     b.write_text('"""Another doc."""\n# a comment\n\ndef f(x):\n    return (x\n            * 2)\n')
     c.write_text('def f(x):\n    return x * 3\n')
     assert _code_digest(a) == _code_digest(b) != _code_digest(c)
+    # the code after a docstring counts, in a module and in a function
+    d = tmp_path / "d.py"
+    d.write_text('"""Doc."""\n\ndef f(x):\n    """What f does."""\n    return x * 3\n')
+    assert _code_digest(d) == _code_digest(c) != _code_digest(a)
+    # every recorded run keys on this digest: 16 hex digits of the SHA-256 of the unparsed code, kept as they are
+    assert _code_digest(c) == hashlib.sha256(b"def f(x):\n    return x * 3").hexdigest()[:16]
+    e = tmp_path / "e.py"
+    e.write_text("def f(x):\n    return x *\n")  # a module that does not parse is named in the error
+    with pytest.raises(SyntaxError) as raised:
+        _code_digest(e)
+    assert raised.value.filename == str(e)
 
 
 def test_the_training_path_is_the_worker_s_import_closure():
     names = set(_closure([ENTRY]))
+    assert {"mocolab", "mocolab.training"} <= names  # the packages whose __init__ an import of the entry runs
     for on_path in ("mocolab.training.trainer", "mocolab.method.moco", "mocolab.method.losses", "mocolab.data.augment",
                     "mocolab.models.backbones", "mocolab.evaluation.probe", "mocolab.config.schema"):
         assert on_path in names, on_path
@@ -53,6 +66,9 @@ def test_the_training_path_is_the_worker_s_import_closure():
     assert fp.differences(fewer) == ["mocolab.method.losses: added",
                                      *(f"{p} ? -> {v}" for p, v in sorted(fp.versions.items()))]
     assert fp.differences(CodeFingerprint("z", {**fp.modules, "tplug.x": "1"}, fp.versions)) == ["tplug.x: gone"]
+    # a package this code no longer records, against an earlier run that did
+    assert CodeFingerprint("w", fp.modules, {}).differences(fp) == [f"{p} {v} -> ?" for p, v in
+                                                                    sorted(fp.versions.items())]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -208,11 +224,13 @@ def test_a_fingerprint_reads_back_from_its_record_and_follows_a_plugin_s_own_pac
     assert CodeFingerprint.from_dict(json.loads(json.dumps(fp.to_dict()))) == fp
     assert CodeFingerprint.from_dict(None) == CodeFingerprint.from_dict({}) == CodeFingerprint(UNKNOWN)
     assert CodeFingerprint.from_dict({"digest": "ab"}) == CodeFingerprint("ab", {}, {})
+    assert CodeFingerprint.from_dict({"versions": {"torch": "2"}}) == CodeFingerprint(UNKNOWN, {}, {"torch": "2"})
     assert _version("mocolab-no-such-package") == "absent" and _version("torch") == torch_version()
     pkg = tmp_path / "tplug_fp"
     (pkg / "sub").mkdir(parents=True)
-    files = {"__init__.py": "", "method.py": PLUGIN_METHOD, "sub/__init__.py": "from . import leaf\n",
-             "sub/leaf.py": "from .. import helper\n", "helper.py": "def f():\n    return 1\n"}
+    files = {"__init__.py": "", "method.py": PLUGIN_METHOD, "sub/__init__.py": "from . import leaf, twig\n",
+             "sub/leaf.py": "from .. import helper\nfrom ..deep import f\n", "helper.py": "def f():\n    return 1\n",
+             "deep.py": "def f():\n    return 2\n", "sub/twig.py": ""}  # deep: by sub.leaf only; twig: by sub only
     files.update({f"{name}.py": "" for name in ("fast", "slow", "more", "last", "other", "typing_only")})
     for name, text in files.items():
         (pkg / name).write_text(text)
@@ -225,6 +243,10 @@ def test_a_fingerprint_reads_back_from_its_record_and_follows_a_plugin_s_own_pac
                                                              "__init__.py").resolve()
     for nothing in ("mocolab.no_such_module", "builtins", "tplug_no_such_package.x", "mocolab.config.Config"):
         assert _source(nothing) is None, nothing
+    (pkg / "broken.py").write_text("from . import helper\ndef f(:\n")  # a module of the path that does not parse
+    with pytest.raises(SyntaxError) as raised:
+        _closure(["tplug_fp.broken"])
+    assert raised.value.filename == str(pkg / "broken.py")  # named, for the person who must mend it
 
 
 # a plugin's module: imports at module level in every form _closure follows, and one for type checkers only
@@ -261,12 +283,15 @@ def test_a_step_package_of_another_version_is_other_code(tmp_path):
     meta = tmp_path / "site" / "kornia-0.0.1.dist-info"
     meta.mkdir(parents=True)
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: kornia\nVersion: 0.0.1\n")
-    code = ("import json; from mocolab.training.code_fingerprint import code_fingerprint as f; "
-            "print(json.dumps(f().to_dict()))")
+    code = ("import json, sys; from mocolab.training.code_fingerprint import code_fingerprint as f; "
+            "print(json.dumps({**f().to_dict(), 'imported': sorted(m for m in sys.modules if m.startswith("
+            "('mocolab', 'torch')))}))")
     path = os.pathsep.join([str(tmp_path / "site"), str(REPO / "platform")])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": path})
     assert out.returncode == 0, out.stderr[-3000:]
+    # read from the package's files, never imported: the driver takes it before any work, torch unloaded
+    assert json.loads(out.stdout)["imported"] == ["mocolab", "mocolab.training", "mocolab.training.code_fingerprint"]
     there, here = CodeFingerprint.from_dict(json.loads(out.stdout)), code_fingerprint()
     assert there.versions["kornia"] == "0.0.1" != here.versions["kornia"] and there.modules == here.modules
     assert there.digest != here.digest and here.differences(there) == [f"kornia 0.0.1 -> {here.versions['kornia']}"]
@@ -316,4 +341,7 @@ def test_a_neutral_change_is_declared_with_its_reason(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"from": "a" * 16, "to": "b" * 16}]))
     with pytest.raises(ValueError, match="entry 0 needs 'from' and 'to' .* and a 'reason'"):
+        neutral_changes(bad)
+    bad.write_text(json.dumps({"from": "a" * 16, "to": "b" * 16, "reason": "one entry, not a list of them"}))
+    with pytest.raises(ValueError, match=r"bad.json: expected a list of \{from, to, reason\}"):
         neutral_changes(bad)
