@@ -12,15 +12,29 @@ would wait for them forever.
 Each worker reports the placement group it runs in (``PG_KEY``, with every
 report); when a trial ends for any reason, this callback removes the last
 group its workers reported if Ray still holds it.
+
+The cleaner itself is a detached actor (a process of its own): a controller
+that shuts down stops it, but after a stopped trial it outlives its controller
+wherever the state API cannot answer it (no dashboard, or several Rays on one
+machine: its thread dies on "Found multiple active Ray instances"), one process
+more for every trial ASHA stops, until the cluster ends. So when a trial ends,
+and when the sweep ends, this callback also ends every cleaner whose controller
+is gone: its one task, the group, is removed above.
 """
 
 from __future__ import annotations
+
+import os
+import signal
 
 import ray
 from ray.tune import Callback
 from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
 from mocolab.training.resources import PG_KEY
+
+
+CLEANER = "PlacementGroupCleaner"  # Ray Train V2's watcher of its controller (train/v2/_internal/execution)
 
 
 def release(pg_hex: str) -> bool:
@@ -32,8 +46,44 @@ def release(pg_hex: str) -> bool:
     return True
 
 
+def end_orphaned_cleaners() -> int:
+    """End the alive Train placement-group cleaners whose owner (their Train controller) is no longer alive;
+    returns how many.  The actor table comes from the GCS (``ray._private.state``): the public state API is
+    the dashboard's, the very thing that is missing where cleaners are orphaned."""
+    from ray._private import state
+
+    alive = state.actors(actor_state_name="ALIVE").values()
+    addresses = {(a["Address"]["IPAddress"], a["Address"]["Port"]) for a in alive}
+    ended = 0
+    for actor in alive:
+        owner = (actor["OwnerAddress"]["IPAddress"], actor["OwnerAddress"]["Port"])
+        if actor["ActorClassName"] == CLEANER and owner not in addresses:
+            _end_process(actor["Address"]["NodeID"], actor["Pid"])
+            ended += 1
+    return ended
+
+
+def _end_process(node_id: str, pid: int) -> None:
+    """SIGKILL an actor's process on its node: ``ray.kill`` takes only a handle, which only the actor's
+    creator (the dead controller) held.  The cleaner is detached and never restarted, so Ray marks it dead."""
+    if node_id == ray.get_runtime_context().get_node_id():
+        _kill(pid)
+        return
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0)(_kill)
+    ray.get(task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid))
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended meanwhile
+        pass
+
+
 class ReleaseEndedTrials(Callback):
-    """Tune callback: a trial that ended leaves no placement group of its workers behind."""
+    """Tune callback: a trial that ended leaves no placement group of its workers behind, nor their cleaner."""
 
     def __init__(self, say=print) -> None:
         self.groups: dict[str, str] = {}
@@ -52,6 +102,9 @@ class ReleaseEndedTrials(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self._release(trial)
 
+    def on_experiment_end(self, trials, **info):
+        self._end_cleaners()
+
     def _release(self, trial) -> None:
         pg = self.groups.pop(trial.trial_id, None)
         try:
@@ -59,3 +112,10 @@ class ReleaseEndedTrials(Callback):
                 self.say(f"  released the CPUs of stopped trial {trial.trial_id}'s workers")
         except Exception as err:  # noqa: BLE001 - never let cleanup end a sweep; say it
             self.say(f"  could not release trial {trial.trial_id}'s placement group {pg}: {err}")
+        self._end_cleaners()
+
+    def _end_cleaners(self) -> None:
+        try:
+            end_orphaned_cleaners()
+        except Exception as err:  # noqa: BLE001 - as above
+            self.say(f"  could not end the placement-group cleaners of ended Train runs: {err}")
