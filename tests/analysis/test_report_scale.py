@@ -5,23 +5,28 @@ from __future__ import annotations
 
 import pandas as pd
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
 from conftest import mlflow_store
 from mocolab.analysis.probe_curves import ONLINE_KEYS
 from mocolab.analysis.report import CURVES, LEGEND_MAX, build_report, legend_groups
-from mocolab.tracking import store as store_module
 from mocolab.tracking.store import PARENT_ID_TAG, PARENT_TAG, STATUS_TAG, HistoryCache
 
 
-class CountingClient(MlflowClient):
-    """The real client, counting the metric histories it reads."""
+def counted_history_reads(monkeypatch) -> dict[str, int]:
+    """``{"reads": n}``: the requests for metric histories that MLflow's database store answers from here on,
+    one run's or many runs' at once, each counted as it passes."""
+    calls = {"reads": 0}
+    for name in ("get_metric_history", "get_metric_history_bulk"):
+        real = getattr(SqlAlchemyStore, name)
 
-    reads = 0
+        def counted(self, *args, _real=real, **kwargs):
+            calls["reads"] += 1
+            return _real(self, *args, **kwargs)
 
-    def get_metric_history(self, *args, **kwargs):
-        type(self).reads += 1
-        return super().get_metric_history(*args, **kwargs)
+        monkeypatch.setattr(SqlAlchemyStore, name, counted)
+    return calls
 
 
 def _trial(client: MlflowClient, exp: str, parent: str, i: int) -> None:
@@ -44,18 +49,22 @@ def test_watch_rebuilds_read_each_ended_trial_once(tmp_path, monkeypatch):
     client = MlflowClient(uri)
     exp = client.create_experiment("momentum-ablation")
     parent = client.create_run(exp, run_name="sweep", tags={PARENT_TAG: "sweep"}).info.run_id
-    monkeypatch.setattr(store_module, "MlflowClient", CountingClient)
+    calls = counted_history_reads(monkeypatch)
     histories = HistoryCache()
     reads = []
     for i in range(6):
         _trial(client, exp, parent, i)
-        CountingClient.reads = 0
+        calls["reads"] = 0
         rep = build_report("momentum-ablation", tmp_path / "live", parent_run=parent, tracking_uri=uri,
                            log_artifacts=False, refresh_s=5, histories=histories)
         assert rep.trials == i + 1
-        reads.append(CountingClient.reads)
-    # the new trial's curves (its epochs counted from its loss history) and its online-probe series
+        reads.append(calls["reads"])
+    # the new trial's curves (its epochs counted from its loss history) and its online-probe series, one read each
     assert reads == [len(CURVES) + len(ONLINE_KEYS)] * 6
+    calls["reads"] = 0
+    build_report("momentum-ablation", tmp_path / "live", parent_run=parent, tracking_uri=uri, log_artifacts=False,
+                 refresh_s=5, histories=histories)
+    assert calls["reads"] == 0  # nothing new: every curve kept
     assert "<td>3</td>" in rep.html.read_text()  # epochs done, from the kept histories
 
 

@@ -30,6 +30,11 @@ MAP_DIR = "feature_map"  # the run's artifacts: features.npz, then tsne.npz (coo
 FEATURES_NAME, MAP_NAME, PICTURE_NAME = "features.npz", "tsne.npz", "tsne.png"
 FEATURES_FILE, MAP_FILE = f"{MAP_DIR}/{FEATURES_NAME}", f"{MAP_DIR}/{MAP_NAME}"
 PANELS_NAME = "feature_maps.png"  # a report's figure: one panel per arm, side by side
+# Runs of one arm tried for its map: an arm's seeds share its config, so where its first finished runs logged no
+# features the others did not either, and a report of a thousand such trials would ask the store for every
+# one's files. And the arms drawn: beyond a few, panels are too small to compare (a random search has an arm
+# per trial).
+MAP_TRIES, MAP_PANELS = 2, 8
 DEFAULT_IMAGES = 2000
 MIN_IMAGES = 50  # below this a t-SNE map (perplexity up to 30) says nothing
 CAPTION = ("Each panel is its own t-SNE map (PCA initialisation, seed 0) of the same class-balanced test images: "
@@ -200,16 +205,19 @@ def run_map(store: Any, run_id: str, title: str, folder: Path) -> tuple[np.ndarr
 
 
 def feature_map_panels(store: Any, df: Any, varying: list[str], path: Path) -> tuple[str, Path] | None:
-    """(caption, figure) of one map per arm side by side: the first finished seed of each arm that logged
-    features. None where no run did. ``store``: a ``tracking.Store`` (this module speaks no MLflow)."""
+    """(caption, figure) of one map per arm side by side (the first ``MAP_PANELS`` arms): the first finished seed
+    of each arm that logged features, of its first ``MAP_TRIES``. None where no run did. ``store``: a
+    ``tracking.Store`` (this module speaks no MLflow)."""
 
 
     panels, names, tried = [], [], 0
+    every = arms(df, varying)
     with tempfile.TemporaryDirectory() as tmp:
-        for label, trials in arms(df, varying):
-            for row in trials.itertuples():
-                if row.status not in ("finished", "diverged"):
-                    continue
+        for label, trials in every:
+            if len(panels) == MAP_PANELS or tried >= MAP_PANELS * MAP_TRIES:
+                break
+            ended = [row for row in trials.itertuples() if row.status in ("finished", "diverged")]
+            for row in ended[:MAP_TRIES]:
                 tried += 1
                 found = run_map(store, row.run_id, label, Path(tmp) / str(tried))
                 if found is not None:
@@ -221,4 +229,6 @@ def feature_map_panels(store: Any, df: Any, varying: list[str], path: Path) -> t
     caption = (f"The features of each arm: t-SNE maps of the same {len(panels[0][2])} class-balanced test images "
                "(one seed per arm). Distances and orientation do not compare across panels; how well the classes "
                "separate does.")
+    if len(every) > MAP_PANELS:
+        caption += f" Drawn: {len(panels)} of the {len(every)} arms, the first in order (at most {MAP_PANELS})."
     return caption, map_panels(panels, path, names)

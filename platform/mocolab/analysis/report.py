@@ -22,7 +22,6 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -69,6 +68,19 @@ def _runs(store: Store, experiment: str, parent_run: str | None):
     if parent_run and not store.run_exists(parent_run):
         raise ValueError(f"--parent-run: {parent_run!r} is not a run in this store")
     return exp_id, store.trial_runs(exp_id, parent_run)
+
+
+def _history_reader(store: Store, runs: list, kept: HistoryCache) -> History:
+    """(run id, metric) -> its (step, value) pairs: the first ask for a metric reads it for every trial of the
+    report at once (a few requests, not one per trial), and ended trials' curves are kept in ``kept``."""
+    read: dict[str, dict[str, list[tuple[int, float]]]] = {}
+
+    def history(run_id: str, key: str) -> list[tuple[int, float]]:
+        if key not in read:
+            read[key] = kept.histories(store, runs, key)
+        return read[key][run_id]
+
+    return history
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
@@ -210,9 +222,7 @@ def build_report(experiment: str, out: str | Path, *, parent_run: str | None = N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     df = trials_frame(runs)
-    kept = histories if histories is not None else HistoryCache()
-    by_id = {run.info.run_id: run for run in runs}
-    history: History = lru_cache(maxsize=None)(lambda run_id, key: kept.history(store, by_id[run_id], key))
+    history = _history_reader(store, runs, histories if histories is not None else HistoryCache())
     if not df.empty:
         df["epochs"] = [len(history(r, "loss")) for r in df["run_id"]]  # one loss point per epoch
         df["loss"] = [run.data.metrics.get("loss", math.nan) for run in runs]

@@ -43,6 +43,10 @@ PARENT_ID_TAG = "mlflow.parentRunId"
 FAILURE_TAG = "mocolab.failure_reason"
 STOPPED_AT_TAG = "mocolab.stopped_at_epoch"  # a trial a scheduler stopped early: the epochs it completed
 RUNS_PAGE_SIZE = 1000  # runs per search request (``Store.search_all`` reads every page)
+# runs per bulk history request: MLflow's server takes at most 100, and its response at most HISTORY_POINTS
+# points per run (sampled evenly, first and last kept, beyond); a database store is read whole, in as many runs
+HISTORY_BULK_RUNS = 100
+HISTORY_POINTS = 2500
 # The final numbers a trials table carries (besides label, status, run id and params), wherever a run holds
 # them (tracking/run_keys.py: the config's constants are tags)
 TRIAL_METRICS = ("linear_top1", "knn_top1", "knn20_top1", "linear_top1_1pct", "linear_top1_10pct", "final_loss",
@@ -164,6 +168,27 @@ class Store:
         """(step, value) pairs of one metric, by step."""
         return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, key))
 
+    def metric_histories(self, run_ids: Iterable[str], key: str) -> dict[str, list[tuple[int, float]]]:
+        """(step, value) pairs of ``key`` in each of ``run_ids``, by step, in one request per
+        ``HISTORY_BULK_RUNS`` runs: a report of a thousand trials reading each curve of each trial on its own
+        waits on thousands of requests. Over HTTP a run's curve beyond ``HISTORY_POINTS`` points comes
+        sampled (what a chart draws anyway); a store without MLflow's bulk reads is read run by run."""
+        ids = list(dict.fromkeys(run_ids))
+        out: dict[str, list[tuple[int, float]]] = {run_id: [] for run_id in ids}
+        backend = self.client._tracking_client.store  # MLflow's store behind the client: database or REST
+        for i in range(0, len(ids), HISTORY_BULK_RUNS):
+            chunk = ids[i:i + HISTORY_BULK_RUNS]
+            if hasattr(backend, "get_metric_history_bulk"):  # a database: every point, one query
+                points = [(m.run_id, m.step, m.value) for m in
+                          backend.get_metric_history_bulk(chunk, key, max_results=None)]
+            elif hasattr(backend, "get_host_creds"):  # an MLflow server: its bulk endpoint
+                points = _bulk_over_http(backend.get_host_creds(), chunk, key)
+            else:
+                points = [(run_id, *pair) for run_id in chunk for pair in self.metric_history(run_id, key)]
+            for run_id, step, value in points:
+                out[run_id].append((step, value))
+        return {run_id: sorted(pairs) for run_id, pairs in out.items()}
+
     # ------------------------------------------------------------ writing
     def set_status(self, run_id: str, status: str, *, mlflow_status: str = "FINISHED",
                    reason: str | None = None) -> None:
@@ -204,6 +229,17 @@ class Store:
             self.client.log_batch(run_id, params=items[i:i + 100])
 
 
+def _bulk_over_http(creds: Any, run_ids: list[str], key: str) -> list[tuple[str, int, float]]:
+    """(run id, step, value) of ``key`` in ``run_ids`` from an MLflow server's bulk-interval endpoint."""
+    from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+    endpoint = "/api/2.0/mlflow/metrics/get-history-bulk-interval"
+    res = http_request(creds, endpoint, "GET",
+                       params={"run_ids": run_ids, "metric_key": key, "max_results": HISTORY_POINTS})
+    verify_rest_response(res, endpoint)
+    return [(m["run_id"], int(m.get("step", 0)), float(m["value"])) for m in res.json().get("metrics", [])]
+
+
 class HistoryCache:
     """Metric histories of runs that have ended, kept across the rebuilds of a live report (``--watch``).
 
@@ -224,6 +260,19 @@ class HistoryCache:
         if slot not in self._kept:
             self._kept[slot] = store.metric_history(run.info.run_id, key)
         return self._kept[slot]
+
+    def histories(self, store: Store, runs: Iterable[Run], key: str) -> dict[str, list[tuple[int, float]]]:
+        """``history`` of every run of ``runs``: those not kept read together (``Store.metric_histories``)."""
+        runs = list(runs)
+        slots = {run.info.run_id: (store.uri, run.info.run_id, key, int(run.info.end_time))
+                 for run in runs if run.info.status != "RUNNING" and run.info.end_time is not None}
+        wanted = [run.info.run_id for run in runs if slots.get(run.info.run_id) not in self._kept]
+        read = store.metric_histories(wanted, key) if wanted else {}
+        for run_id, pairs in read.items():
+            if run_id in slots:
+                self._kept[slots[run_id]] = pairs
+        return {r.info.run_id: read[r.info.run_id] if r.info.run_id in read else self._kept[slots[r.info.run_id]]
+                for r in runs}
 
 
 class SweepRun:

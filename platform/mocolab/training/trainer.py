@@ -38,6 +38,11 @@ CHECKPOINT_PARTS = ("encoder_k", "queue", "bank")
 PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+# the per-step series every run keeps (the monitors add theirs): the momentum each step used, its loss and its
+# pretext accuracy
+STEP_SERIES = ("m", "step_loss", "step_pretext_acc")
+
+
 @dataclass
 class EpochRecord:
     epoch: int
@@ -265,7 +270,7 @@ class Trainer:
             st.add(res.loss, res.pretext_acc, images.shape[0] * self.world_size)
             if self.records_step(self.step):
                 # the epoch's means hide what a step shows: BN's cheating and m = 0's collapse happen within an epoch
-                st.add_series(self.step, {"m": res.m, "step_loss": res.loss, "step_pretext_acc": res.pretext_acc,
+                st.add_series(self.step, {**dict(zip(STEP_SERIES, (res.m, res.loss, res.pretext_acc))),
                                           **res.monitored})
             st.seconds = time.perf_counter() - t0
             if on_step is not None:

@@ -124,6 +124,9 @@ def log_trained_models(trainer: Trainer, result, args: WorkerArgs) -> None:
 
 # the epoch monitors a run's best_<key> is taken over (the final_<key> keys are the end values)
 BEST_OF = ("knn_top1", "online_linear_top1", "val_knn_top1", "val_online_linear_top1")
+# the final scores and measures a run logs at its end, beside the evaluation's extra metrics and best_/final_ keys
+FINAL_LOGGED = ("linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1", "final_loss", "worker_rss_growth_mb",
+                "worker_rss_growth_after_warmup_mb")
 # metrics the tracking store did not take by the end of an attempt, beside the checkpoints, sent by the next
 UNSENT_METRICS = "unsent_metrics.json"
 DIAGNOSTICS_DIR = "negatives"  # the run's artifacts: epoch_NNNN.json per epoch, dictionary.png at the end
@@ -333,9 +336,7 @@ def _train(cfg: Config, trainer: Trainer, args: WorkerArgs, logger: MetricsLogge
                      **({"final_online_linear_top1": scored.online} if scored.online is not None else {}))
     if logger is not None:
         logger.log_final({**for_mlflow({k: v for k, v in final.items()
-                                        if k in ("linear_top1", "knn_top1", "val_linear_top1", "val_knn_top1",
-                                                 "final_loss", "worker_rss_growth_mb",
-                                                 "worker_rss_growth_after_warmup_mb", *extra)
+                                        if k in (*FINAL_LOGGED, *extra)
                                         or k.startswith(("best_", "final_"))}),
                           **trainer.data.unreadable.metrics()},  # the evaluation's findings included
                          result.steps)
