@@ -4,12 +4,13 @@ owns are run here, as a user types them, in a copy of the repository.
 Each line runs with a size override appended, the same words README gives: training lines on 1,024 images
 for 4 steps; study lines on the smoke preset (the ViT study: its own, at batch 64), small sizes,
 ``--workers-per-trial 0`` (each trial trains in its trial's process; studies on Ray Train workers are
-test_faults.py's and the cluster tests') and ``--max-concurrent 1 --stop-after 1``, so a
-study builds its whole grid (and says how many trials it holds), runs one trial of it to the end, and stops
-as a resumable ``partial`` sweep. Lines whose runs no later command reads as MLflow models (the studies, the
-methods' trainings) also get ``run.log_models=false``: the models are the train blocks' claim, here and in
-test_mlflow_models.py. What is checked is that each command as written works, not what it learns:
-the studies' outcomes are tests/tune/test_tune.py's.
+test_faults.py's and the cluster tests') and ``--max-concurrent 1 --stop-after 1``; both scored on the first
+500 test images (cpu-quick and vit-quick score on all 10,000: a third of a ViT line's CPU, for scores no
+claim here reads) and mapped on 50 (SMALL_EVAL). So a study builds its whole grid (and says how many trials it holds),
+runs one trial of it to the end, and stops as a resumable ``partial`` sweep. Lines whose runs no later
+command reads as MLflow models (the studies, the methods' trainings) also get ``run.log_models=false``: the
+models are the train blocks' claim, here and in test_mlflow_models.py. What is checked is that each command
+as written works, not what it learns: the studies' outcomes are tests/tune/test_tune.py's.
 """
 
 from __future__ import annotations
@@ -31,17 +32,19 @@ from readme_blocks import COMMAND_LANGUAGES, MARK, REPO, block, blocks, commands
 
 needs_data = pytest.mark.skipif(fashion_mnist_dir() is None, reason="Fashion-MNIST not installed (make data)")
 
+# Scored on: the first 500 test images for the probes, 50 (the fewest a t-SNE map takes) for the feature map.
+SMALL_EVAL = ["--set", "eval.linear_test=500", "--set", "eval.feature_map_images=50"]
 # Appended to each study line: the smoke preset on 1,024 images, 8 steps a trial trained in the trial's own
 # process, one trial of the study.
 SMALL_STUDY = ["--preset", "smoke", "--set", "data.subset=1024", "--set", "optim.max_steps=8", "--set",
                "eval.knn_bank=1024", "--set", "eval.knn_test=500", "--set", "eval.linear_train=1024", "--set",
-               "eval.linear_steps=20", "--set", "queue.size=256", "--set", "run.log_models=false",
+               "eval.linear_steps=20", *SMALL_EVAL, "--set", "queue.size=256", "--set", "run.log_models=false",
                "--max-concurrent", "1", "--stop-after", "1", "--workers-per-trial", "0"]
 # Appended to each `mocolab train` line: whatever its preset, 1,024 images, batch 64, 4 steps of one epoch.
 SMALL_TRAIN = ["--set", "data.subset=1024", "--set", "optim.batch_size=64", "--set", "queue.size=256", "--set",
                "optim.epochs=1", "--set", "optim.warmup_epochs=0", "--set", "optim.max_steps=4", "--set",
                "eval.knn_bank=512", "--set", "eval.knn_test=200", "--set", "eval.linear_train=512", "--set",
-               "eval.linear_steps=5"]
+               "eval.linear_steps=5", *SMALL_EVAL]
 
 
 def test_every_command_block_is_run_by_a_test_or_says_why_not():
