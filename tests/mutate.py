@@ -61,13 +61,14 @@ PYTEST = ["-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0", "-m", "not s
 
 
 def _scratch(root: Path, target: Target, select: str | None) -> Path:
-    """A copy of what the tests read (the package as src/, tests/, results/, examples/, pyproject.toml), with
-    mutmut's settings for this target in its setup.cfg."""
+    """A copy of what the tests read (the package as src/, tests/, results/, examples/, benchmarks/ and the
+    Makefile that tests/method checks against, pyproject.toml), with mutmut's settings for this target in its
+    setup.cfg."""
     shutil.copytree(REPO / "platform", root / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("tests", "results", "examples", "experiments", "docs"):
+    for name in ("tests", "results", "examples", "experiments", "docs", "benchmarks"):
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "Makefile"):
         shutil.copy2(REPO / name, root / name)
     # Without the measured durations "slow" is what a test's own marker says: tests/conftest.py also marks slow
     # every test measured over 2 s under `make test`'s load, cases written to kill mutants among them.
@@ -80,7 +81,8 @@ def _scratch(root: Path, target: Target, select: str | None) -> Path:
         f"mutate_only_covered_lines = {str(target.covered_only).lower()}\n"
         "pytest_add_cli_args_test_selection =\n    " + "\n    ".join(target.tests) + "\n"
         "pytest_add_cli_args =\n    " + "\n    ".join([*PYTEST, *(["-k", select] if select else [])]) + "\n"
-        "also_copy =\n    results\n    examples\n    experiments\n    docs\n    README.md\n"
+        "also_copy =\n    results\n    examples\n    experiments\n    docs\n    benchmarks\n    README.md\n"
+        "    Makefile\n"
         "process_isolation = forkserver\n")
     (root / "mutants").mkdir()
     (root / "mutants" / "platform").symlink_to("src")  # REPO / "platform" in the tests: the mutated copy

@@ -115,6 +115,28 @@ def test_googlenet_is_built_without_its_auxiliary_heads_and_with_its_own_init():
     assert backbone.train()(torch.rand(2, 3, 128, 128)).shape == (2, 1024)
 
 
+def test_torchvision_s_classifiers_are_removed_whatever_their_name_and_a_model_without_one_is_refused():
+    """The last linear layer goes, wherever the model keeps it (swin's ``head``, ViT's ``heads``, Inception's
+    ``fc``, ConvNeXt's ``classifier``), and the features' width is its input; a model that ends in no linear
+    layer (SqueezeNet's convolution) is refused by name. Inception v3 is built, as GoogLeNet, without auxiliary
+    heads and with its own init asked for (no warning). On the meta device: the shapes without the parameters."""
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("error")
+        swin = build_named("tv:swin_t", 3, 128)
+        vit = build_named("tv:vit_b_16", 3, 128)
+        inception = build_named("tv:inception_v3", 3, 128)
+        convnext = build_named("tv:convnext_tiny", 1, 28)
+        with pytest.raises(ValueError, match=r"^model.backbone: 'tv:squeezenet1_0' ends in no linear classifier"):
+            build_named("tv:squeezenet1_0", 3, 128)
+    assert isinstance(swin.net.head, nn.Identity) and swin.out_dim == 768
+    assert isinstance(vit.net.heads[-1], nn.Identity) and vit.out_dim == 768
+    assert isinstance(inception.net.fc, nn.Identity) and inception.out_dim == 2048
+    assert inception.net.AuxLogits is None
+    assert isinstance(convnext.net.classifier[-1], nn.Identity) and convnext.out_dim == 768
+    stem = convnext.net.features[0][0]  # the small-image stem, as for timm's ConvNeXt
+    assert stem.in_channels == 1 and _stride(stem) == ((1, 1), (3, 3))
+
+
 def test_the_encoder_around_a_named_backbone_splits_its_batch_norm_and_trains_under_bf16(timm):
     torch.manual_seed(0)
     enc = build_encoder("timm:resnet18", 1, head="mlp", dim=16, bn_groups=2, image_size=28)
@@ -155,6 +177,31 @@ def test_unknown_names_are_refused_at_validation_with_the_closest_ones_before_an
     assert build_config("smoke", {"model.backbone": "resnet18"}).model.backbone == "resnet18"
 
 
+def test_a_refusal_names_at_most_five_close_names_or_nothing_close_and_the_families_that_do_fit(timm):
+    """What a user reads to fix the value: up to five close names of the same library (or "nothing close"), and
+    for a family without a small-image adaptation, that library's own ResNet, ConvNeXt and ViT to take instead."""
+    with pytest.raises(ValueError) as many:
+        named.check_named("timm:resnet5", 28)
+    closest = str(many.value).split("closest: ")[1].split(" (every name")[0].split(", ")
+    assert len(closest) == 5 and all(c.startswith("timm:resnet") for c in closest), closest
+    with pytest.raises(ValueError, match=r"unknown model 'tv:qqqqzzzz'; nothing close \(every name: "):
+        named.check_named("tv:qqqqzzzz", 28)
+    for value, examples in (("timm:mobilenetv3_small_050", "timm:resnet18, timm:convnext_atto, "
+                                                           "timm:vit_tiny_patch16_224"),
+                            ("tv:mobilenet_v3_small", "tv:resnet18, tv:convnext_tiny, tv:vit_b_16")):
+        with pytest.raises(ValueError, match=rf"\(e\.g\. {examples}\), or set data.image_size above 96$"):
+            named.check_named(value, 28)
+
+
+def test_a_convnext_needs_images_of_8_px_or_more_and_other_families_do_not(timm):
+    """A ConvNeXt halves its grid three times after the stem: under 8 px nothing would be left to halve."""
+    with pytest.raises(ValueError, match=r"^model.backbone: 'timm:convnext_atto' halves the image three times and "
+                                         r"needs 8 px or more; the images are 7 px$"):
+        named.check_named("timm:convnext_atto", 7)
+    assert named.check_named("timm:convnext_atto", 8) == "convnext"
+    assert named.check_named("timm:resnet18", 7) == "resnet"
+
+
 def test_families_without_a_small_image_adaptation_are_refused_on_small_images_only(timm):
     with pytest.raises(ValueError, match=r"model.backbone: 'timm:mobilenetv3_small_050' \(timm.models.mobilenetv3\) "
                                          r"has no small-image adaptation, and the images are 28 px"):
@@ -167,6 +214,21 @@ def test_families_without_a_small_image_adaptation_are_refused_on_small_images_o
         build_config("smoke", {**SYNTHETIC, "model.backbone": "tv:vit_b_16", "data.image_size": 100})
     cfg = build_config("smoke", {**SYNTHETIC, "model.backbone": "timm:mobilenetv3_small_050", "data.image_size": 128})
     assert cfg.image_size == 128  # above 96 px any model is taken as its library builds it
+
+
+def test_96_px_images_are_small_and_above_them_a_vit_keeps_its_own_patch(timm):
+    """96 px is small (SMALL_IMAGE): a ResNet gets the 3×3 stride-1 stem there, and torchvision's vit_b_16 cuts
+    it into 8 px patches, as every ViT up to 96 px; above it the model keeps its own patch (torchvision: the
+    name's 16; timm: the model's, not the name's last number, so vit_tiny_patch16_224 takes 128 px images, which
+    224 would not divide). Built on the meta device: the shapes without the parameters (ViT-B's 86M)."""
+    with torch.device("meta"):
+        resnet = build_named("tv:resnet18", 1, 96).net
+        assert build_named("tv:vit_b_16", 3, 96).net.patch_size == 8
+        assert build_named("tv:vit_b_16", 3, 128).net.patch_size == 16
+        timm_vit = build_named("timm:vit_tiny_patch16_224", 1, 128).net
+    assert _stride(resnet.conv1) == ((1, 1), (3, 3)) and isinstance(resnet.maxpool, nn.Identity)
+    assert tuple(timm_vit.patch_embed.proj.kernel_size) == (16, 16)
+    assert named.check_named("timm:vit_tiny_patch16_224", 128) == "vit"
 
 
 def test_large_images_take_any_model_and_timm_s_batchnorm_act_unfolds_unchanged(timm):
@@ -190,6 +252,15 @@ def test_large_images_take_any_model_and_timm_s_batchnorm_act_unfolds_unchanged(
         assert tv(torch.rand(2, 3, 128, 128)).shape == (2, tv.out_dim) == (2, 1024)
     with pytest.raises(ValueError, match="'tv:mobilenet_v3_small' takes 3-channel images.*timm:NAME adapts"):
         build_named("tv:mobilenet_v3_small", 1, 128)
+
+
+def test_a_batch_norm_subclass_that_moco_bn_cannot_convert_is_refused_by_name(timm, monkeypatch):
+    """moco.bn's split and sync conversions replace batch-norm layers by type, so a subclass's extras would be
+    lost: a model left with one is refused, naming it. timm's BatchNormAct2d, left folded, is such a subclass."""
+    monkeypatch.setattr(named, "_unfold_batchnorm_act", lambda net: None)
+    with torch.device("meta"), pytest.raises(ValueError, match=r"^model.backbone: 'timm:mobilenetv3_small_050' "
+                                                                 r"normalises with \['BatchNormAct2d'\]"):
+        build_named("timm:mobilenetv3_small_050", 1, 128)
 
 
 def test_a_timm_name_without_timm_says_what_to_install(monkeypatch):
