@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
+from mlflow.utils.rest_utils import http_request, verify_rest_response
 
 from mocolab.config import check_same_config
 from mocolab.tracking.run_keys import run_value
@@ -231,8 +232,6 @@ class Store:
 
 def _bulk_over_http(creds: Any, run_ids: list[str], key: str) -> list[tuple[str, int, float]]:
     """(run id, step, value) of ``key`` in ``run_ids`` from an MLflow server's bulk-interval endpoint."""
-    from mlflow.utils.rest_utils import http_request, verify_rest_response
-
     endpoint = "/api/2.0/mlflow/metrics/get-history-bulk-interval"
     res = http_request(creds, endpoint, "GET",
                        params={"run_ids": run_ids, "metric_key": key, "max_results": HISTORY_POINTS})

@@ -28,8 +28,10 @@ import os
 import signal
 
 import ray
+from ray._private import state
 from ray.tune import Callback
 from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from mocolab.training.resources import PG_KEY
 
@@ -50,8 +52,6 @@ def end_orphaned_cleaners() -> int:
     """End the alive Train placement-group cleaners whose owner (their Train controller) is no longer alive;
     returns how many.  The actor table comes from the GCS (``ray._private.state``): the public state API is
     the dashboard's, the very thing that is missing where cleaners are orphaned."""
-    from ray._private import state
-
     alive = state.actors(actor_state_name="ALIVE").values()
     addresses = {(a["Address"]["IPAddress"], a["Address"]["Port"]) for a in alive}
     ended = 0
@@ -69,8 +69,6 @@ def _end_process(node_id: str, pid: int) -> None:
     if node_id == ray.get_runtime_context().get_node_id():
         _kill(pid)
         return
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     task = ray.remote(num_cpus=0)(_kill)
     ray.get(task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid))
 
