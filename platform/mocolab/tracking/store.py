@@ -251,11 +251,19 @@ class HistoryCache:
     def __init__(self) -> None:
         self._kept: dict[tuple[str, str, str, int], list[tuple[int, float]]] = {}
 
+    @staticmethod
+    def _slot(store: Store, run: Run, key: str) -> tuple[str, str, str, int] | None:
+        """Where an ended run's curve is kept (its end time included: a resumed run ends again at another);
+        None for a run still running, which is read every time."""
+        if run.info.status == "RUNNING" or run.info.end_time is None:
+            return None
+        return store.uri, run.info.run_id, key, int(run.info.end_time)
+
     def history(self, store: Store, run: Run, key: str) -> list[tuple[int, float]]:
         """(step, value) pairs of ``key`` in ``run``, by step (``Store.metric_history``)."""
-        if run.info.status == "RUNNING" or run.info.end_time is None:
+        slot = self._slot(store, run, key)
+        if slot is None:
             return store.metric_history(run.info.run_id, key)
-        slot = (store.uri, run.info.run_id, key, int(run.info.end_time))
         if slot not in self._kept:
             self._kept[slot] = store.metric_history(run.info.run_id, key)
         return self._kept[slot]
@@ -263,12 +271,11 @@ class HistoryCache:
     def histories(self, store: Store, runs: Iterable[Run], key: str) -> dict[str, list[tuple[int, float]]]:
         """``history`` of every run of ``runs``: those not kept read together (``Store.metric_histories``)."""
         runs = list(runs)
-        slots = {run.info.run_id: (store.uri, run.info.run_id, key, int(run.info.end_time))
-                 for run in runs if run.info.status != "RUNNING" and run.info.end_time is not None}
-        wanted = [run.info.run_id for run in runs if slots.get(run.info.run_id) not in self._kept]
+        slots = {run.info.run_id: self._slot(store, run, key) for run in runs}
+        wanted = [run_id for run_id, slot in slots.items() if slot is None or slot not in self._kept]
         read = store.metric_histories(wanted, key) if wanted else {}
         for run_id, pairs in read.items():
-            if run_id in slots:
+            if slots[run_id] is not None:
                 self._kept[slots[run_id]] = pairs
         return {r.info.run_id: read[r.info.run_id] if r.info.run_id in read else self._kept[slots[r.info.run_id]]
                 for r in runs}
