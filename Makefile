@@ -150,7 +150,7 @@ test-avx2:
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(MAKE) test
 
 # Refresh tests/durations.json, which orders the suite longest first (commit it with the tests it times).
-# One worker per core, as make test-fast runs: a test measured over 2 s there is slow (tests/conftest.py).
+# One worker per core, as make test-fast runs: a test measured over 1.5 s there is slow (tests/conftest.py).
 test-durations:
 	@$(MAKE) $(SETUP) setup-test chromium peers
 	$(PY) -m pytest $(XDIST_FAST) --write-durations tests/durations.json $(PYTEST_ARGS)

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 DURATIONS = Path(__file__).with_name("durations.json")
 # A test that took longer than this in tests/durations.json is slow whether or not it says so: `make test-fast`
 # (-m "not slow") is the contributors' inner loop and keeps to tests of seconds; `make test` runs every test.
-SLOW_SECONDS = 2.0
+SLOW_SECONDS = 1.5
 # Under pytest-xdist each worker is one of PYTEST_XDIST_WORKER_COUNT processes sharing the cores.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -9,6 +9,10 @@ The ranks are forked from a multiprocessing forkserver, one per test worker, tha
 distributed layers imported: a spawned rank spent its first seconds importing them, for each of the suite's
 few dozen ranks. The server is a clean single-threaded interpreter (no test has run in it), so each rank
 starts as a spawned one would, with its imports done.
+
+Under mutmut's stats run (``make mutate``, tests/mutate.py), the functions the ranks call count for the test
+that launched them: mutmut records a call in the process that makes it, and most of method/'s distributed code
+runs only in ranks, so without this every mutant of it would have no test to face.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TIMEOUT_S = 120.0
+STATS = "stats"  # mutmut's MUTANT_UNDER_TEST while it records which functions each test calls
 # what the forkserver imports once, for every rank it forks
 PRELOAD = ["torch", "torch.distributed", "torch.nn.functional", "mocolab.method.collectives", "mocolab.method.moco",
            "mocolab.training.trainer"]
@@ -46,11 +51,29 @@ def _entry(fn, rank: int, world: int, port: int, out_dir: str, args: tuple, repo
         try:
             result = fn(rank, world, *args)
             torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+            if os.environ.get("MUTANT_UNDER_TEST") == STATS:
+                _save_calls(os.path.join(out_dir, f"rank{rank}.calls"))
         finally:
             dist.destroy_process_group()
         reports.put(("ok", rank, ""))
     except BaseException:  # noqa: BLE001 - everything goes back to the test
         reports.put(("error", rank, traceback.format_exc()))
+
+
+def _save_calls(path: str) -> None:
+    """The mutated functions this rank called, as mutmut recorded them here."""
+    import mutmut  # only under mutmut, which installs it
+
+    with open(path, "w") as f:
+        f.write("\n".join(sorted(mutmut.state()._stats)))
+
+
+def _count_calls(tmp_path, world: int) -> None:
+    """The ranks' recorded calls added to this process's, so mutmut credits them to the running test."""
+    import mutmut
+
+    for r in range(world):
+        mutmut.state()._stats.update((tmp_path / f"rank{r}.calls").read_text().split())
 
 
 def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S, collective_timeout: float = 60.0) -> list:
@@ -91,4 +114,6 @@ def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S, collecti
             if p.is_alive():
                 p.terminate()
                 p.join()
+    if os.environ.get("MUTANT_UNDER_TEST") == STATS:
+        _count_calls(tmp_path, world)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]

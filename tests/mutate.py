@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import libcst as cst  # mutmut's own parser: installed with it
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -48,13 +50,22 @@ TARGETS = {
     "code_fingerprint": Target(["training/code_fingerprint.py"], ["tests/training/test_code_fingerprint.py"]),
     # torchvision's ConvNeXt and ViT (ImageNet's Tiny and Base, seconds each) are built by slow cases only
     "named": Target(["models/named.py"], ["tests/models/test_named_backbones.py"], covered_only=True),
-    # method/ in three, each against the tests of tests/method that reach it
-    "method-contrast": Target(["method/losses.py", "method/key_queue.py", "method/queue_layouts.py",
-                               "method/negative_sources.py", "method/moco.py"], ["tests/method"]),
+    # method/ in four, each against the test files of tests/method written for its modules (a survivor runs
+    # every test that reaches its function, and nearly every test of tests/method reaches the forward pass)
+    "method-moco": Target(["method/moco.py", "method/losses.py"],
+                          ["tests/method/test_moco.py", "tests/method/test_moco_v3.py", "tests/method/test_losses.py",
+                           "tests/method/test_symmetric.py", "tests/method/test_method_contract.py"]),
+    "method-queue": Target(["method/key_queue.py", "method/queue_layouts.py", "method/negative_sources.py"],
+                           ["tests/method/test_queue.py", "tests/method/test_negatives.py",
+                            "tests/method/test_dist.py"]),
     "method-bn": Target(["method/batchnorm.py", "method/shuffle.py", "method/collectives.py", "method/rng.py",
-                         "method/async_copy.py"], ["tests/method"]),
+                         "method/async_copy.py"],
+                        ["tests/method/test_norm.py", "tests/method/test_dist.py",
+                         "tests/method/test_collective_bytes.py", "tests/method/test_device_rules.py"]),
     "method-plugins": Target(["method/plugins.py", "method/registry.py", "method/protocol.py",
-                              "method/supervised.py", "method/diagnostics.py"], ["tests/method"]),
+                              "method/supervised.py", "method/diagnostics.py"],
+                             ["tests/method/test_plugins.py", "tests/method/test_supervised.py",
+                              "tests/method/test_diagnostics.py", "tests/method/test_method_contract.py"]),
 }
 GROUPS = {"method": [t for t in TARGETS if t.startswith("method-")]}
 PYTEST = ["-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow and not cluster", "-q"]
@@ -71,7 +82,7 @@ def _scratch(root: Path, target: Target, select: str | None) -> Path:
     for name in ("pyproject.toml", "README.md", "Makefile"):
         shutil.copy2(REPO / name, root / name)
     # Without the measured durations "slow" is what a test's own marker says: tests/conftest.py also marks slow
-    # every test measured over 2 s under `make test`'s load, cases written to kill mutants among them.
+    # every test measured over SLOW_SECONDS under `make test`'s load, cases written to kill mutants among them.
     (root / "tests" / "durations.json").unlink(missing_ok=True)
     only = "\n    ".join(f"src/mocolab/{m}" for m in target.modules)
     select = " and ".join(f"({k})" for k in (target.select, select) if k)
@@ -84,9 +95,61 @@ def _scratch(root: Path, target: Target, select: str | None) -> Path:
         "also_copy =\n    results\n    examples\n    experiments\n    docs\n    benchmarks\n    README.md\n"
         "    Makefile\n"
         "process_isolation = forkserver\n")
-    (root / "mutants").mkdir()
+    for module in target.modules:
+        _undecorate(root / "src" / "mocolab" / module)
+    # mutants/src exists before mutmut starts: the PYTHONPATH entry that points there (see ``run``) is looked up
+    # once, at the interpreter's start, and a folder missing then is skipped for good
+    (root / "mutants" / "src").mkdir(parents=True)
     (root / "mutants" / "platform").symlink_to("src")  # REPO / "platform" in the tests: the mutated copy
     return root
+
+
+class _Undecorated(cst.CSTTransformer):
+    """Each function under ``@torch.no_grad()`` rewritten as its body under ``with torch.no_grad():``, and each
+    module-level function under a cache decorator as the plain function wrapped after its definition.
+
+    mutmut never mutates a decorated function (a decorator runs at definition, and a mutant of it could break
+    the import), and the rules that matter most are decorated: the momentum update, the keys, the queue's
+    writes, the shuffle.  Both rewrites compute what the decorated function computes, so a mutant of the
+    rewritten body is a mutant of the rule."""
+
+    NO_GRAD = "torch.no_grad()"
+    CACHES = ("functools.cache", "functools.lru_cache")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0  # inside a class or function: a cache decorator there stays
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.depth += 1
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.depth -= 1
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        self.depth -= 1
+        if len(updated.decorators) != 1:
+            return updated
+        code = cst.Module([]).code_for_node(updated.decorators[0].decorator)
+        if code == self.NO_GRAD:
+            stmts = list(updated.body.body)
+            doc = stmts[:1] if updated.get_docstring() is not None else []
+            block = cst.With(items=[cst.WithItem(cst.parse_expression(self.NO_GRAD))],
+                             body=cst.IndentedBlock(body=stmts[len(doc):]))
+            return updated.with_changes(decorators=[], body=updated.body.with_changes(body=[*doc, block]))
+        if self.depth == 0 and code.split("(")[0] in self.CACHES:
+            name = updated.name.value
+            return cst.FlattenSentinel([updated.with_changes(decorators=[]),
+                                        cst.parse_statement(f"{name} = {code}({name})\n")])
+        return updated
+
+
+def _undecorate(path: Path) -> None:
+    path.write_text(cst.parse_module(path.read_text()).visit(_Undecorated()).code)
 
 
 def run(target: str, keep: Path | None, select: str | None = None) -> dict[str, int]:
@@ -94,7 +157,9 @@ def run(target: str, keep: Path | None, select: str | None = None) -> dict[str, 
     root = Path(tempfile.mkdtemp(prefix=f"mutate-{target}-", dir=keep))
     _scratch(root, TARGETS[target], select)
     mutmut = str(Path(sys.executable).with_name("mutmut"))
-    env = {**os.environ, "PYTHONPATH": "", "CI": ""}
+    # The gloo tests' ranks come from a multiprocessing forkserver, which imports by PYTHONPATH alone (not the
+    # sys.path mutmut sets in its own process): without it they would run the installed, unmutated package.
+    env = {**os.environ, "PYTHONPATH": str(root / "mutants" / "src"), "CI": ""}
     start = time.monotonic()
     subprocess.run([mutmut, "run", "--max-children", str(os.cpu_count() or 1)], cwd=root, env=env, check=False)
     minutes = (time.monotonic() - start) / 60

@@ -1,0 +1,95 @@
+"""`make mutate`'s own rules (tests/mutate.py): the rewrite that lets mutmut reach decorated rules computes what
+the decorated code computes, and every target names modules and tests that exist."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+import mutate  # noqa: E402  (tests/mutate.py: a script beside the tests, not a package)
+
+SOURCE = '''
+import functools
+import torch
+
+
+@torch.no_grad()
+def scaled(x, m):
+    """A docstring stays the function's."""
+    y = x * m
+    return y, torch.is_grad_enabled()
+
+
+@functools.lru_cache(maxsize=4)
+def cached(n):
+    return [n]
+
+
+class Holder:
+    @property
+    def value(self):
+        return 3
+
+    @functools.lru_cache(maxsize=2)
+    def twice(self, n):
+        return 2 * n
+
+    @torch.no_grad()
+    def step(self, x):
+        return x + 1, torch.is_grad_enabled()
+'''
+
+
+def _rewritten(source: str) -> str:
+    return cst.parse_module(source).visit(mutate._Undecorated()).code
+
+
+def test_no_grad_and_module_caches_become_plain_functions_that_compute_the_same():
+    code = _rewritten(SOURCE)
+    tree = cst.parse_module(code)
+    decorated = [n.name.value for n in tree.body if isinstance(n, cst.FunctionDef) and n.decorators]
+    assert decorated == []  # mutmut mutates none of a decorated function
+    holder = next(n for n in tree.body if isinstance(n, cst.ClassDef))
+    methods = {n.name.value: n for n in holder.body.body if isinstance(n, cst.FunctionDef)}
+    # a property and a method's cache stay (mutmut's methods are not module-level names), no_grad goes
+    assert methods["value"].decorators and methods["twice"].decorators and not methods["step"].decorators
+
+    before, after = {}, {}
+    exec(compile(SOURCE, "before", "exec"), before)  # noqa: S102 - the probe's own source
+    exec(compile(code, "after", "exec"), after)  # noqa: S102
+    x = torch.ones(3, requires_grad=True)
+    for ns in (before, after):
+        y, grad_inside = ns["scaled"](x, 2.0)
+        assert torch.equal(y, torch.full((3,), 2.0)) and not y.requires_grad and grad_inside is False
+        assert ns["scaled"].__doc__ == "A docstring stays the function's."
+        assert ns["cached"](1) is ns["cached"](1)  # still cached: the wrapper replaced the name
+        assert ns["Holder"]().value == 3 and ns["Holder"]().step(x)[1] is False
+    assert torch.is_grad_enabled()
+
+
+def test_the_rules_mutmut_would_skip_are_rewritten_in_every_target():
+    """The momentum update, the keys, the queue's writes and the shuffle are decorated in the source; in the
+    scratch copy each is a plain function, so mutmut mutates it."""
+    rules = {"method/moco.py": ["def momentum_update", "def compute_keys"], "method/key_queue.py": ["def enqueue"],
+             "method/shuffle.py": ["def shuffle", "def unshuffle"]}
+    for module, defs in rules.items():
+        source = (REPO / "platform" / "mocolab" / module).read_text()
+        code = _rewritten(source)
+        for d in defs:
+            assert "@torch.no_grad()\n" in source.split(d)[0][-40:]
+            assert "@torch.no_grad()" not in code.split(d)[0][-40:], (module, d)
+
+
+@pytest.mark.parametrize("name", sorted(mutate.TARGETS))
+def test_each_target_names_modules_and_tests_that_exist(name):
+    target = mutate.TARGETS[name]
+    for module in target.modules:
+        assert (REPO / "platform" / "mocolab" / module).is_file(), module
+    for test in target.tests:
+        assert (REPO / test).exists(), test
