@@ -6,7 +6,7 @@ that no test notices.  Each target runs in a scratch copy of the checkout (mutmu
 copy, never these files, so it runs beside other work), laid out as mutmut expects (``src/``), with
 ``platform`` pointing at the mutated copy for the tests that read the package's files.
 
-    python tests/mutate.py [TARGET ...]      # default: every target; --help names them (method: its three)
+    python tests/mutate.py [TARGET ...]      # default: every target; --help names them (method: its four)
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def run(target: str, keep: Path | None, select: str | None = None) -> dict[str, 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("targets", nargs="*", default=list(TARGETS), choices=[*TARGETS, *GROUPS],
-                   help="targets, or method for its three")
+                   help="targets, or method for its four")
     p.add_argument("--keep", type=Path, default=None, help="the folder for the scratch copies (default: $TMPDIR)")
     p.add_argument("-k", dest="select", default=None, help="pytest's -k over the targets' tests: a subset of them")
     args = p.parse_args(argv)
