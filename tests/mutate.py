@@ -50,22 +50,24 @@ TARGETS = {
     "code_fingerprint": Target(["training/code_fingerprint.py"], ["tests/training/test_code_fingerprint.py"]),
     # torchvision's ConvNeXt and ViT (ImageNet's Tiny and Base, seconds each) are built by slow cases only
     "named": Target(["models/named.py"], ["tests/models/test_named_backbones.py"], covered_only=True),
-    # method/ in four, each against the test files of tests/method written for its modules (a survivor runs
-    # every test that reaches its function, and nearly every test of tests/method reaches the forward pass)
+    # method/ in four, each against the test files of tests/method that state its modules' rules (a survivor
+    # runs every test that reaches its function, and nearly every test of tests/method reaches the forward pass);
+    # test_device_rules (the GPU rules, on the meta device) faces every module that moves a tensor
     "method-moco": Target(["method/moco.py", "method/losses.py"],
-                          ["tests/method/test_moco.py", "tests/method/test_moco_v3.py", "tests/method/test_losses.py",
-                           "tests/method/test_symmetric.py", "tests/method/test_method_contract.py"]),
+                          [f"tests/method/{f}.py" for f in ("test_moco", "test_moco_v3", "test_losses",
+                                                             "test_symmetric", "test_negatives",
+                                                             "test_method_contract", "test_device_rules")]),
     "method-queue": Target(["method/key_queue.py", "method/queue_layouts.py", "method/negative_sources.py"],
-                           ["tests/method/test_queue.py", "tests/method/test_negatives.py",
-                            "tests/method/test_dist.py"]),
+                           [f"tests/method/{f}.py" for f in ("test_queue", "test_negatives", "test_dist",
+                                                              "test_symmetric", "test_device_rules")]),
     "method-bn": Target(["method/batchnorm.py", "method/shuffle.py", "method/collectives.py", "method/rng.py",
                          "method/async_copy.py"],
-                        ["tests/method/test_norm.py", "tests/method/test_dist.py",
-                         "tests/method/test_collective_bytes.py", "tests/method/test_device_rules.py"]),
+                        [f"tests/method/{f}.py" for f in ("test_norm", "test_dist", "test_collective_bytes",
+                                                           "test_symmetric", "test_device_rules")]),
     "method-plugins": Target(["method/plugins.py", "method/registry.py", "method/protocol.py",
                               "method/supervised.py", "method/diagnostics.py"],
-                             ["tests/method/test_plugins.py", "tests/method/test_supervised.py",
-                              "tests/method/test_diagnostics.py", "tests/method/test_method_contract.py"]),
+                             [f"tests/method/{f}.py" for f in ("test_plugins", "test_supervised", "test_diagnostics",
+                                                                "test_method_contract")]),
 }
 GROUPS = {"method": [t for t in TARGETS if t.startswith("method-")]}
 PYTEST = ["-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow and not cluster", "-q"]
