@@ -87,6 +87,37 @@ def test_a_forward_gives_a_finite_loss_whose_gradient_reaches_the_encoder_only(n
     assert math.isfinite(method.uniform_loss(B)) and method.uniform_loss(B) > 0
 
 
+@pytest.mark.parametrize("name", sorted(METHODS) + ["supervised"])
+def test_the_uniform_loss_is_the_loss_of_an_encoder_that_tells_no_image_apart(name):
+    """``uniform_loss`` sets the divergence bar (ten times it, trainer.py): it must be this method's loss when
+    every feature is the same. With every weight zero, each query, key and class score is zero, so every logit
+    is equal: the loss of a uniform guess over the method's candidates, whatever they are. (A memory bank
+    drops a drawn negative that is the query's own entry, a few of K at most: its guess is over a few fewer.)"""
+    method = _build(name).train()
+    with torch.no_grad():
+        for p in method.parameters():
+            p.zero_()
+    if method.key_encoder is not None:
+        method.m = 0.9
+    loss = float(method(*_batch()).loss.detach())
+    assert loss == pytest.approx(method.uniform_loss(B), rel=1e-2 if name == "memory_bank" else 1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_only_v3_asks_for_a_query_encoder_with_a_predictor(name):
+    """MoCo v3 puts a predictor on f_q (its reference builder); v1, v2 and the sources of negatives are v2's
+    encoder, whose features the head ends in."""
+    cfg, asked = _config(name), []
+    make = encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu"))
+
+    def encoder(predictor: bool = False) -> torch.nn.Module:
+        asked.append(predictor)
+        return make(predictor=predictor)
+
+    build_method(cfg, MethodParts(encoder, cfg.train_size, B))
+    assert asked == [name == "v3"]
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_describe_is_one_line(name):
     text = _build(name).describe(B)
