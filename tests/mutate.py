@@ -70,7 +70,8 @@ TARGETS = {
                                                                 "test_method_contract")]),
 }
 GROUPS = {"method": [t for t in TARGETS if t.startswith("method-")]}
-PYTEST = ["-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow and not cluster", "-q"]
+# the fast tests, and those marked slow only to keep make test-fast short (marked mutate too)
+PYTEST = ["-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0", "-m", "(not slow or mutate) and not cluster", "-q"]
 
 
 def _scratch(root: Path, target: Target, select: str | None) -> Path:

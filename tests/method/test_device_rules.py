@@ -181,6 +181,7 @@ COMBOS = {
     "memory bank": {"moco.negatives": "memory_bank"},
     "in-batch": {"moco.negatives": "in_batch"},
     "batch keys (the control)": {"moco.negatives": "batch_keys"},
+    "batch keys, shuffle BN": {"moco.negatives": "batch_keys", "moco.bn": "shuffle"},
     "symmetric loss": {"moco.symmetric": True},
     "symmetric loss, shuffle BN, sharded queue": {"moco.symmetric": True, "moco.bn": "shuffle",
                                                   "queue.layout": "sharded"},
@@ -214,8 +215,10 @@ def _probes_hit(tr: Trainer) -> int:
     return 0 if probes is None else int((probes.write_step >= 0).sum())
 
 
-# the default (v2, replicated queue, split BN) in make test-fast; every other combination in make test
-STEP_CASES = [pytest.param(o, id=name, marks=() if not o else pytest.mark.slow) for name, o in COMBOS.items()]
+# the default (v2, replicated queue, split BN) in make test-fast; every other combination in make test and
+# make mutate (half a second each)
+STEP_CASES = [pytest.param(o, id=name, marks=() if not o else [pytest.mark.slow, pytest.mark.mutate])
+              for name, o in COMBOS.items()]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -20,6 +20,7 @@ from mocolab.training.build import encoder_factory
 from mocolab.method.protocol import MethodParts
 from mocolab.method.plugins import OWN, installed
 from mocolab.method.registry import METHODS, build_method, method_name
+from mocolab.method.shuffle import CrossRankShuffle, LocalShuffle
 
 B, SIZE, CHANNELS = 8, 16, 1
 TINY = {"data.name": "synthetic", "data.synthetic_size": 64, "data.image_size": SIZE, "model.width": 4,
@@ -116,6 +117,28 @@ def test_only_v3_asks_for_a_query_encoder_with_a_predictor(name):
 
     build_method(cfg, MethodParts(encoder, cfg.train_size, B))
     assert asked == [name == "v3"]
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("bn", ["shuffle", "split"])
+def test_a_method_takes_its_momentum_temperature_shuffle_and_precision_from_the_config(name, bn):
+    """Not the constructor's defaults (m = 0.999, τ = 0.2, no shuffle, float32). Shuffle BN goes with a key
+    encoder, the batch-keys control's included."""
+    overrides = {"moco.m": 0.95, "moco.tau": 0.3, "moco.bn": bn, "run.num_workers": 2 if bn == "shuffle" else 0,
+                 "moco.version" if name in VERSIONS else "moco.negatives": name}
+    if bn == "shuffle" and name in ("in_batch", "memory_bank"):  # no key encoder: no key batch to shuffle
+        with pytest.raises(ValueError, match="^moco.bn: 'shuffle' shuffles the key encoder's batch"):
+            build_config("smoke", {**TINY, **overrides})
+        return
+    cfg = build_config("smoke", {**TINY, **overrides})
+    parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B,
+                        encoder_dtype=torch.bfloat16)
+    method = build_method(cfg, parts)
+    assert method.tau == 0.3 and method.encoder_dtype is torch.bfloat16
+    if method.key_encoder is not None:
+        assert method.m == 0.95
+        expected = {"shuffle": CrossRankShuffle, "split": LocalShuffle}[bn]
+        assert type(method.shuffler) is expected
 
 
 @pytest.mark.parametrize("name", ALL)
