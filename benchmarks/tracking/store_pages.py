@@ -2,7 +2,10 @@
 Playwright as tests/tracking/test_mlflow_ui.py drives it) timed from the address to the drawn page.
 
 - the experiment's runs list (``?workflowType=machine_learning``) until its table shows rows;
-- its chart view (``compareRunsMode=CHART``) until a chart has drawn its data;
+- one sweep's chart view, as the ``view`` link a study prints opens it (``tracking/chart_view.py``: its 100
+  runs, ``moco.m`` against ``linear_top1`` and two curves), until the scatter has drawn its points. The
+  experiment's own chart view charts the rows its runs list shows, the sweeps' parent runs, which log no
+  metrics: it draws no chart at any size, so it is not timed;
 - the compare page of one sweep's 100 trials until its parallel-coordinates plot is drawn.
 
 Each in a fresh browser profile, so no cache helps. The store is served by ``server`` (an address) or, given
@@ -26,6 +29,8 @@ COMPARED = 100  # runs on the compare page
 TIMEOUT_MS = 180_000  # a page not drawn by then is recorded as such
 PLOT_DRAWN = """() => [...document.querySelectorAll('.js-plotly-plot')].some(g => g.data && g.data.length
     && g.querySelector('.plot-container'))"""
+SCATTER_DRAWN = """() => [...document.querySelectorAll('.js-plotly-plot')].some(g =>
+    g.querySelector('.xtitle')?.textContent === 'moco.m' && g.data && g.data.some(t => t.x && t.x.length))"""
 PARCOORDS_DRAWN = """() => [...document.querySelectorAll('.js-plotly-plot')].some(g => g.data && g.data[0]
     && g.data[0].type === 'parcoords' && g.querySelector('.parcoords, .plot-container'))"""
 
@@ -64,6 +69,7 @@ def time_pages(server: str | None, folder: Path, store: str, experiment: str) ->
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
+    from mocolab.tracking.chart_view import publish_view
     from mocolab.tracking.store import PARENT_ID_TAG, PARENT_TAG, Store
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -85,9 +91,9 @@ def time_pages(server: str | None, folder: Path, store: str, experiment: str) ->
             ("MLflow's experiment page, runs table drawn",
              f"{server}/#/experiments/{exp}?workflowType=machine_learning",
              lambda page: page.locator(".ag-row").first.wait_for()),
-            ("MLflow's experiment page, chart view drawn",
-             f"{server}/#/experiments/{exp}?workflowType=machine_learning&compareRunsMode=CHART",
-             lambda page: page.wait_for_function(PLOT_DRAWN, timeout=TIMEOUT_MS)),
+            (f"a sweep's chart view ({len(ids)} runs: the `view` link a study prints), its scatter drawn",
+             publish_view(MlflowClient(server), exp, parent.info.run_id, "moco.m", "benchmark view", server),
+             lambda page: page.wait_for_function(SCATTER_DRAWN, timeout=TIMEOUT_MS)),
             (f"MLflow's compare page of {len(ids)} runs, parallel coordinates drawn",
              f"{server}/#/compare-runs?{query}",
              lambda page: (page.get_by_text(f"Comparing {len(ids)} Runs").first.wait_for(),

@@ -21,6 +21,9 @@ LAZY: dict[str, set[str]] = {
     "training/__init__.py": {"mocolab.training.launch"},  # the driver's side (Ray, MLflow): the loop goes without
     # MLflow's record of an ended run, asked only where a run's folder has none; the CLI reads the flags here
     "training/rerun.py": {"mocolab.tracking.store"},
+    # MLflow's table definitions load only where the store is a database (whose MLflow store has loaded them):
+    # a client of an MLflow server goes without
+    "tracking/store.py": {"mocolab.tracking.sql_runs"},
     # the API and the command line refuse bad input before torch, Ray, MLflow or the sweep layer loads
     "api.py": {"mocolab.training.trainer", "mocolab.training", "mocolab.tune.grid", "mocolab.tune.spec",
                "mocolab.tune.study", "mocolab.tracking", "mocolab.tracking.logged_models",

@@ -31,6 +31,9 @@ CHECKED = [
 STARTS_LIGHT = ["mocolab.config", "mocolab.data.roots", "mocolab.cli.commands", "mocolab.config.choices",
                 "mocolab.tune", "mocolab.tune.study"]
 HEAVY = ("torch", "ray", "mlflow")
+# What reads a store and draws (mocolab report, the leaderboard): MLflow, pandas and matplotlib, never torch,
+# whose seconds of start-up a researcher would wait on for nothing these commands compute
+READS_STORE = ["mocolab.analysis.report", "mocolab.evaluation.leaderboard"]
 
 
 # Imports each module named on the command line in a child forked from one interpreter (so each starts from
@@ -68,11 +71,11 @@ print(json.dumps(out))
 def loaded() -> dict[str, dict[str, bool]]:
     """Per module: which of ray, mlflow, mocolab.tune and torch an interpreter holds after importing it alone.
 
-    The modules that check input are imported from a bare interpreter (torch must not load); the rest from
-    one that preloaded torch, numpy and matplotlib, which none of their checks is about, so each child pays
-    only for what it adds (Ray, MLflow) instead of torch's seconds again.
+    The modules that check input or read a store are imported from a bare interpreter (torch must not load);
+    the rest from one that preloaded torch, numpy and matplotlib, which none of their checks is about, so each
+    child pays only for what it adds (Ray, MLflow) instead of torch's seconds again.
     """
-    light = STARTS_LIGHT + [m for m, _ in CHECKED if m in STARTS_LIGHT]
+    light = STARTS_LIGHT + READS_STORE
     rest = [m for m, _ in CHECKED if m not in light]
     runs = run_concurrently([[sys.executable, "-c", FORKED_IMPORTS, "", *dict.fromkeys(light)],
                              [sys.executable, "-c", FORKED_IMPORTS, "torch,numpy,matplotlib.pyplot", *rest]],
@@ -100,6 +103,12 @@ def test_what_checks_input_loads_no_torch_ray_or_mlflow(loaded, module):
     heavy = [name for name in HEAVY if loaded[module][name]]
     assert not heavy, f"import {module} loaded {heavy} (allowed values belong in config/choices.py, a sweep's " \
                       f"checks in tune/spec.py; the rest loads after the input is checked)"
+
+
+@pytest.mark.parametrize("module", READS_STORE)
+def test_what_reads_the_store_loads_no_torch(loaded, module):
+    assert not loaded[module]["torch"], \
+        f"import {module} loaded torch (an import for a type hint only belongs under TYPE_CHECKING)"
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,6 +1,6 @@
-"""What a store of many runs costs its readers: every run is read (page by page), a curve of every trial in a few
-bulk reads and an ended run's once, a report asks no more of the store for more trials, and the addresses
-printed for the UI stay short at any number of trials. A real sqlite MLflow store; the
+"""What a store of many runs costs its readers: every run is read (a search page by page), a curve of every
+trial in a few bulk reads and an ended run's once, a report asks no more of the store for more trials, and the
+addresses printed for the UI stay short at any number of trials. A real sqlite MLflow store; the
 page size is lowered so that a few dozen runs span several pages."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class CountingClient(MlflowClient):
         return super().get_metric_history(*args, **kwargs)
 
 
-def test_runs_reads_every_page_oldest_first(tmp_path, monkeypatch):
+def test_runs_reads_every_run_oldest_first_and_a_search_every_page(tmp_path, monkeypatch):
     uri = mlflow_store(tmp_path)
     client = MlflowClient(uri)
     exp = client.create_experiment("many")
@@ -55,7 +55,10 @@ def test_runs_reads_every_page_oldest_first(tmp_path, monkeypatch):
 
     children = store.runs(exp, parent_run_id=parent)
     assert [r.info.run_id for r in children] == [ids[i] for i in range(30)]  # all 30, oldest first
-    assert CountingClient.searches == 5  # ceil(30 / 7) pages
+    assert CountingClient.searches == 0  # a database store: read from its tables (tests/tracking/test_sql_runs.py)
+    searched = store.search_all([exp], f"tags.`{PARENT_ID_TAG}` = '{parent}'", order_by=["attributes.start_time ASC"])
+    assert [r.info.run_id for r in searched] == [ids[i] for i in range(30)]
+    assert CountingClient.searches == 5  # ceil(30 / 7) pages: a server's store is searched to its last page
     everything = store.runs(exp)
     assert len(everything) == 32 and everything[0].info.run_id == parent
     assert [r.info.run_name for r in everything[1:4]] == ["t0", "other", "t1"]

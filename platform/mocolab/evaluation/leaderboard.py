@@ -126,7 +126,7 @@ def build_leaderboard(metric: str = "linear_top1", *, top: int = 10, experiment:
 def _finished(store: Store, experiment_ids: list[str], metric: str):
     if not experiment_ids:
         return []
-    runs = store.search_all(experiment_ids, "attributes.status = 'FINISHED'")
+    runs = store.find_runs(experiment_ids, status="FINISHED", newest_first=True)  # equal scores: the newer run first
     return [r for r in runs if metric in r.data.metrics and r.data.tags.get(STATUS_TAG, "finished") == "finished"]
 
 

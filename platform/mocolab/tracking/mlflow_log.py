@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import json
 
@@ -21,10 +21,12 @@ import yaml
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run
 
 from mocolab.config.manifest import RunManifest, check_resume
-from mocolab.data.sources import DatasetRecord
 from mocolab.tracking.source import source_tags
 from mocolab.tracking.store import (CODE_PARAM, CODE_TAG, FINGERPRINT_TAG, FORMAT_TAG, PARENT_ID_TAG, RUN_NAME_TAG,
                                     SEGMENTS_TAG, STATUS_TAG, VERSION_TAG, Store, _quote)
+
+if TYPE_CHECKING:  # a type only: a report or leaderboard, which reads runs, loads no torch for it
+    from mocolab.data.sources import DatasetRecord
 
 MAX_BATCH = 1000  # metrics per log_batch call: MLflow's limit
 
