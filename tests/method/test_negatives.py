@@ -1,4 +1,5 @@
-"""Memory bank and in-batch negatives (negatives.py) on hand-made tensors, and NT-Xent on two gloo ranks."""
+"""Memory bank, in-batch and batch-keys negatives (negative_sources.py, moco.py) on hand-made tensors, and NT-Xent
+and the batch-keys control on two gloo ranks."""
 
 from __future__ import annotations
 
@@ -212,3 +213,43 @@ def test_batch_keys_is_v2_without_its_queue_a_symmetric_infonce_against_the_batc
     assert any(not torch.equal(a, b) for a, b in zip(before, model.encoder_k.parameters()))  # the EMA moved it
     with pytest.raises(ValueError, match="moco.negatives=batch_keys is symmetric already"):
         build_config("smoke", {"moco.negatives": "batch_keys", "moco.symmetric": True})
+
+
+def _batch_keys_model():
+    from mocolab.method.batchnorm import convert_global_bn
+    from mocolab.method.moco import BatchKeysMoCo
+    from mocolab.models.backbones import build_encoder
+
+    torch.manual_seed(0)  # the same initial weights on every rank; BN over the global batch
+    return BatchKeysMoCo(convert_global_bn(build_encoder("convnet", 1, width=4, head="mlp", dim=8)), m=0.9, tau=TAU)
+
+
+def _batch_keys_views(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 1, 12, 12, generator=g), torch.randn(n, 1, 12, 12, generator=g)
+
+
+def _batch_keys_rank(rank: int, world: int, b: int) -> dict:
+    model = _batch_keys_model()
+    x1, x2 = _batch_keys_views(b * world)
+    mine = slice(rank * b, (rank + 1) * b)
+    out = model(x1[mine], x2[mine])
+    out.loss.backward()
+    return {"loss": float(out.loss), "correct": out.correct,
+            "grads": [p.grad.clone() for p in model.encoder_q.parameters()]}
+
+
+def test_batch_keys_on_two_gloo_ranks_is_one_process_over_the_whole_batch(tmp_path):
+    """Each rank's queries against the global batch's keys, the own image's key (at r·B + i) the positive: the
+    mean of the ranks' losses and gradients is the one-process loss of the concatenated batch."""
+    b, world = 4, 2
+    ranks = launch(_batch_keys_rank, world, tmp_path, b)
+    model = _batch_keys_model()
+    x1, x2 = _batch_keys_views(b * world)
+    out = model(x1, x2)
+    out.loss.backward()
+    assert sum(r["loss"] for r in ranks) / world == pytest.approx(float(out.loss), rel=1e-5)
+    for i, p in enumerate(model.encoder_q.parameters()):
+        torch.testing.assert_close(sum(r["grads"][i] for r in ranks) / world, p.grad, atol=1e-5, rtol=1e-4)
+    both = torch.cat([torch.cat([r["correct"][:b] for r in ranks]), torch.cat([r["correct"][b:] for r in ranks])])
+    assert torch.equal(both, out.correct)
