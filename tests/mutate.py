@@ -168,14 +168,27 @@ def run(target: str, keep: Path | None, select: str | None = None) -> dict[str, 
     minutes = (time.monotonic() - start) / 60
     res = subprocess.run([mutmut, "results", "--all", "true"], cwd=root, env=env, capture_output=True, text=True)
     counts: dict[str, int] = {}
+    by_module: dict[str, dict[str, int]] = {}
     for line in res.stdout.splitlines():
         m = re.match(r"\s*(\S+): (.+)$", line)
         if m:
-            counts[m.group(2).strip()] = counts.get(m.group(2).strip(), 0) + 1
-            if m.group(2).strip() in ("survived", "timeout", "suspicious"):
-                print(f"{m.group(2).strip()}: {m.group(1)}")
+            outcome = m.group(2).strip()
+            counts[outcome] = counts.get(outcome, 0) + 1
+            module = by_module.setdefault(_module(m.group(1)), {})
+            module[outcome] = module.get(outcome, 0) + 1
+            if outcome in ("survived", "timeout", "suspicious"):
+                print(f"{outcome}: {m.group(1)}")
+    for module, outcomes in sorted(by_module.items()):
+        print(f"  {module}: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     print(f"{target}: {counts} in {minutes:.1f} min (browse: cd {root} && {mutmut} browse)")
     return counts
+
+
+def _module(mutant: str) -> str:
+    """The module of a mutant's name (``mocolab.method.moco.xǁMoCoǁforward__mutmut_3``: mocolab.method.moco)."""
+    parts = mutant.split(".")
+    at = next(i for i, p in enumerate(parts) if p.startswith(("x_", "xǁ")))  # mutmut's mangled function name
+    return ".".join(parts[:at])
 
 
 def main(argv: list[str] | None = None) -> int:

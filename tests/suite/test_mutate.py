@@ -93,3 +93,10 @@ def test_each_target_names_modules_and_tests_that_exist(name):
         assert (REPO / "platform" / "mocolab" / module).is_file(), module
     for test in target.tests:
         assert (REPO / test).exists(), test
+
+
+def test_a_mutant_is_counted_under_its_module():
+    """RESULTS.md keeps the survivors per module: the module is the name before mutmut's mangled function."""
+    assert mutate._module("mocolab.method.moco.xǁMoCoǁforward__mutmut_3") == "mocolab.method.moco"
+    assert mutate._module("mocolab.method.losses.x_nt_xent__mutmut_10") == "mocolab.method.losses"
+    assert mutate._module("mocolab.models.named.x__catalogue__mutmut_2") == "mocolab.models.named"
