@@ -118,6 +118,21 @@ def _seed_and_threads():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _mocolab_caches_empty_for_mutmut():
+    """Under make mutate's stats run (tests/mutate.py: mutmut's MUTANT_UNDER_TEST is "stats") each test starts
+    with mocolab's function caches empty: mutmut credits a test with the functions it calls, and a cached call
+    (the code fingerprint, a plugin's load, the backbone catalogue) would call nothing after the first test
+    that made it. Elsewhere this does nothing."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        import gc
+
+        for obj in gc.get_objects():
+            if isinstance(obj, functools._lru_cache_wrapper) and obj.__module__.startswith("mocolab"):
+                obj.cache_clear()
+    yield
+
+
 @pytest.fixture
 def ray_session():
     """A local Ray in the test's process (never a user's cluster), started as mocolab starts one. The tests

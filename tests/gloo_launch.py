@@ -64,7 +64,7 @@ def _save_calls(path: str) -> None:
     """The mutated functions this rank called, as mutmut recorded them here."""
     import mutmut  # only under mutmut, which installs it
 
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:  # mutmut's names hold 'ǁ'
         f.write("\n".join(sorted(mutmut.state()._stats)))
 
 
@@ -73,7 +73,7 @@ def _count_calls(tmp_path, world: int) -> None:
     import mutmut
 
     for r in range(world):
-        mutmut.state()._stats.update((tmp_path / f"rank{r}.calls").read_text().split())
+        mutmut.state()._stats.update((tmp_path / f"rank{r}.calls").read_text(encoding="utf-8").split())
 
 
 def launch(fn, world: int, tmp_path, *args, timeout: float = TIMEOUT_S, collective_timeout: float = 60.0) -> list:

@@ -85,7 +85,7 @@ def _scratch(root: Path, target: Target, select: str | None) -> Path:
     for name in ("pyproject.toml", "README.md", "Makefile"):
         shutil.copy2(REPO / name, root / name)
     # Without the measured durations "slow" is what a test's own marker says: tests/conftest.py also marks slow
-    # every test measured over SLOW_SECONDS under `make test`'s load, cases written to kill mutants among them.
+    # every test measured over SLOW_SECONDS in tests/durations.json, cases written to kill mutants among them.
     (root / "tests" / "durations.json").unlink(missing_ok=True)
     only = "\n    ".join(f"src/mocolab/{m}" for m in target.modules)
     select = " and ".join(f"({k})" for k in (target.select, select) if k)
@@ -98,8 +98,7 @@ def _scratch(root: Path, target: Target, select: str | None) -> Path:
         "also_copy =\n    results\n    examples\n    experiments\n    docs\n    benchmarks\n    README.md\n"
         "    Makefile\n"
         "process_isolation = forkserver\n")
-    for module in target.modules:
-        _undecorate(root / "src" / "mocolab" / module)
+    undecorate(root / "src", target.modules)
     # mutants/src exists before mutmut starts: the PYTHONPATH entry that points there (see ``run``) is looked up
     # once, at the interpreter's start, and a folder missing then is skipped for good
     (root / "mutants" / "src").mkdir(parents=True)
@@ -111,8 +110,9 @@ class _Undecorated(cst.CSTTransformer):
     """Each function under ``@torch.no_grad()`` rewritten as its body under ``with torch.no_grad():``, and each
     module-level function under a cache decorator as the plain function wrapped after its definition.
 
-    mutmut never mutates a decorated function (a decorator runs at definition, and a mutant of it could break
-    the import), and the rules that matter most are decorated: the momentum update, the keys, the queue's
+    mutmut mutates no function under a decorator other than a lone staticmethod or classmethod (a decorator
+    runs at definition, and a mutant of it could break the import), and the rules that matter most are
+    decorated: the momentum update, the keys, the queue's
     writes, the shuffle.  Both rewrites compute what the decorated function computes, so a mutant of the
     rewritten body is a mutant of the rule."""
 
@@ -151,8 +151,11 @@ class _Undecorated(cst.CSTTransformer):
         return updated
 
 
-def _undecorate(path: Path) -> None:
-    path.write_text(cst.parse_module(path.read_text()).visit(_Undecorated()).code)
+def undecorate(src: Path, modules: list[str]) -> None:
+    """``modules`` (paths under ``src``/mocolab) rewritten in place by ``_Undecorated``."""
+    for module in modules:
+        path = src / "mocolab" / module
+        path.write_text(cst.parse_module(path.read_text()).visit(_Undecorated()).code)
 
 
 def run(target: str, keep: Path | None, select: str | None = None) -> dict[str, int]:

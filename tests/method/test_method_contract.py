@@ -14,7 +14,7 @@ from itertools import product
 import pytest
 import torch
 
-from mocolab.config.choices import NEGATIVE_SOURCES, VERSIONS
+from mocolab.config.choices import NEGATIVE_SOURCES, VERSIONS, WITHOUT_KEY_ENCODER
 from mocolab.config import build_config
 from mocolab.training.build import encoder_factory
 from mocolab.method.protocol import MethodParts
@@ -92,16 +92,25 @@ def test_a_forward_gives_a_finite_loss_whose_gradient_reaches_the_encoder_only(n
 def test_the_uniform_loss_is_the_loss_of_an_encoder_that_tells_no_image_apart(name):
     """``uniform_loss`` sets the divergence bar (ten times it, trainer.py): it must be this method's loss when
     every feature is the same. With every weight zero, each query, key and class score is zero, so every logit
-    is equal: the loss of a uniform guess over the method's candidates, whatever they are. (A memory bank
-    drops a drawn negative that is the query's own entry, a few of K at most: its guess is over a few fewer.)"""
+    is equal: the loss of a uniform guess over the method's candidates, whatever they are. A memory bank drops
+    each drawn negative that is the query's own entry, so its guess is over 1 + K − (those) candidates, and
+    its uniform_loss, log(1 + K), is the loss where none is drawn."""
     method = _build(name).train()
     with torch.no_grad():
         for p in method.parameters():
             p.zero_()
     if method.key_encoder is not None:
         method.m = 0.9
-    loss = float(method(*_batch()).loss.detach())
-    assert loss == pytest.approx(method.uniform_loss(B), rel=1e-2 if name == "memory_bank" else 1e-5)
+    x1, x2, index = _batch()
+    expected = method.uniform_loss(B)
+    if name == "memory_bank":
+        bank = method.dictionary
+        drawn = torch.randint(bank.size, (bank.negatives,), generator=torch.Generator().set_state(
+            bank.sampler.get_state()))  # what the forward's sample() is about to draw
+        own = (drawn[None, :] == index[:, None]).sum(dim=1)
+        assert math.log(1 + bank.negatives) == pytest.approx(expected)
+        expected = float(torch.log1p(bank.negatives - own.double()).mean())
+    assert float(method(x1, x2, index).loss.detach()) == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -126,7 +135,7 @@ def test_a_method_takes_its_momentum_temperature_shuffle_and_precision_from_the_
     encoder, the batch-keys control's included."""
     overrides = {"moco.m": 0.95, "moco.tau": 0.3, "moco.bn": bn, "run.num_workers": 2 if bn == "shuffle" else 0,
                  "moco.version" if name in VERSIONS else "moco.negatives": name}
-    if bn == "shuffle" and name in ("in_batch", "memory_bank"):  # no key encoder: no key batch to shuffle
+    if bn == "shuffle" and name in WITHOUT_KEY_ENCODER:  # no key encoder: no key batch to shuffle
         with pytest.raises(ValueError, match="^moco.bn: 'shuffle' shuffles the key encoder's batch"):
             build_config("smoke", {**TINY, **overrides})
         return

@@ -215,13 +215,14 @@ def test_batch_keys_is_v2_without_its_queue_a_symmetric_infonce_against_the_batc
         build_config("smoke", {"moco.negatives": "batch_keys", "moco.symmetric": True})
 
 
-def _batch_keys_model():
+def _batch_keys_model(shuffler=None):
     from mocolab.method.batchnorm import convert_global_bn
     from mocolab.method.moco import BatchKeysMoCo
     from mocolab.models.backbones import build_encoder
 
     torch.manual_seed(0)  # the same initial weights on every rank; BN over the global batch
-    return BatchKeysMoCo(convert_global_bn(build_encoder("convnet", 1, width=4, head="mlp", dim=8)), m=0.9, tau=TAU)
+    return BatchKeysMoCo(convert_global_bn(build_encoder("convnet", 1, width=4, head="mlp", dim=8)), m=0.9, tau=TAU,
+                         shuffler=shuffler)
 
 
 def _batch_keys_views(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,3 +254,26 @@ def test_batch_keys_on_two_gloo_ranks_is_one_process_over_the_whole_batch(tmp_pa
         torch.testing.assert_close(sum(r["grads"][i] for r in ranks) / world, p.grad, atol=1e-5, rtol=1e-4)
     both = torch.cat([torch.cat([r["correct"][:b] for r in ranks]), torch.cat([r["correct"][b:] for r in ranks])])
     assert torch.equal(both, out.correct)
+
+
+def _shuffled_batch_keys_rank(rank: int, world: int, b: int) -> dict:
+    from mocolab.method.shuffle import CrossRankShuffle
+
+    x1, x2 = _batch_keys_views(b * world)
+    mine = slice(rank * b, (rank + 1) * b)
+    out = {}
+    for name, shuffler in (("shuffled", CrossRankShuffle(3)), ("in place", None)):
+        model = _batch_keys_model(shuffler)
+        model.encoder_k.eval()  # BN from running statistics: a key is its image's, whichever batch it rode in
+        result = model(x1[mine], x2[mine])
+        out[name] = {"loss": float(result.loss), "correct": result.correct}
+    return out
+
+
+def test_batch_keys_with_shuffle_bn_gives_each_query_its_own_image_s_key(tmp_path):
+    """moco.bn=shuffle with the batch-keys control: the keys are computed on a batch shuffled across the ranks
+    and must come back to their queries. With the key encoder's BN reading running statistics, the shuffle can
+    change nothing, so the loss and the pretext accuracy equal the unshuffled step's on every rank."""
+    for r in launch(_shuffled_batch_keys_rank, 2, tmp_path, 4):
+        assert r["shuffled"]["loss"] == pytest.approx(r["in place"]["loss"], rel=1e-6)
+        assert torch.equal(r["shuffled"]["correct"], r["in place"]["correct"])

@@ -4,6 +4,8 @@ MLflow ORM objects."""
 
 from __future__ import annotations
 
+import sqlite3
+
 from mlflow.entities import Dataset, DatasetInput, InputTag, LoggedModelOutput, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -39,7 +41,11 @@ def _store_of_every_kind(uri: str) -> tuple[str, str, str]:
             client.set_terminated(run_id, "FAILED" if i == 5 else "FINISHED", end_time=T0 + 5000 + i)
     client.delete_run(client.create_run(exp, start_time=T0 + 2500, tags={PARENT_ID_TAG: parent}).info.run_id)
     client.create_run(other, start_time=T0 + 1500, run_name="elsewhere")
-    client.create_run(exp, start_time=T0 + 3500, tags={"mlflow.runName": "by-tag"})
+    by_tag = client.create_run(exp, start_time=T0 + 3500, tags={"mlflow.runName": "by-tag"}).info.run_id
+    # a run whose name is in its tag alone, as stores MLflow wrote before it kept names in the runs table hold
+    # some: MLflow's search names it from the tag
+    with sqlite3.connect(uri.removeprefix("sqlite:///")) as db:
+        db.execute("UPDATE runs SET name = '' WHERE run_uuid = ?", (by_tag,))
     return exp, other, parent
 
 

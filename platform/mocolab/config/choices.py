@@ -62,6 +62,8 @@ VERSIONS = ("v1", "v2", "v3")
 
 # method/negative_sources.py: moco.negatives
 NEGATIVE_SOURCES = ("queue", "memory_bank", "in_batch", "batch_keys")
+# those without a key encoder (every negative and positive from f_q): no moco.m, no key batch to shuffle
+WITHOUT_KEY_ENCODER = ("memory_bank", "in_batch")
 
 # training/optimizers.py: optim.name
 OPTIMIZERS = ("sgd", "adamw", "lars")

@@ -81,8 +81,9 @@ class MocoConfig:
     tau: float = 0.2  # softmax temperature (v1: 0.07, v2: 0.2)
     bn: str = "split"
     bn_groups: int = 4  # virtual devices for bn=split
-    # where negatives come from: queue (MoCo), memory_bank (one entry per image, Wu et al. 2018) or in_batch
-    # (SimCLR's NT-Xent over the global batch); the last two have no key encoder, so moco.m is not used
+    # where negatives come from: queue (MoCo), memory_bank (one entry per image, Wu et al. 2018), in_batch
+    # (SimCLR's NT-Xent over the global batch) or batch_keys (the EMA key encoder's keys of the global batch);
+    # memory_bank and in_batch have no key encoder, so moco.m is not used (choices.WITHOUT_KEY_ENCODER)
     negatives: str = "queue"
     # the queue arm (v1/v2) with a symmetric loss: q1 against k2 and q2 against k1, both against the queue,
     # averaged; one view's keys are enqueued (method/moco.py).  v3 and in_batch are symmetric always.

@@ -8,7 +8,8 @@ import math
 import re
 from typing import Any, Iterable
 
-from mocolab.config.choices import CHOICES, MIN_IMAGE_SIZE, STREAMABLE, VIT_SIZES, named_backbone
+from mocolab.config.choices import (CHOICES, MIN_IMAGE_SIZE, STREAMABLE, VIT_SIZES, WITHOUT_KEY_ENCODER,
+                                    named_backbone)
 from mocolab.config.schema import Config
 
 
@@ -260,7 +261,7 @@ def _check_negatives(cfg: Config) -> None:
     if mc.negatives != "queue" and mc.version == "v3":
         raise ValueError(f"moco.negatives: {mc.negatives!r} applies to the v1/v2 algorithm; moco.version=v3 "
                          f"takes its negatives from the global batch (use moco.version=v2)")
-    if mc.negatives in ("memory_bank", "in_batch") and mc.bn == "shuffle":
+    if mc.negatives in WITHOUT_KEY_ENCODER and mc.bn == "shuffle":
         raise ValueError(f"moco.bn: 'shuffle' shuffles the key encoder's batch, and moco.negatives="
                          f"{mc.negatives} has no key encoder; use split, plain or sync")
     if q.policy != "fifo" and q.layout == "sharded" and cfg.world_size > 1:

@@ -30,10 +30,12 @@ ACTIVE = "active"  # MLflow's lifecycle stage of a run not deleted: its search's
 def read_runs(engine: Engine, experiment_ids: Iterable[str], *, status: str | None = None,
               parent_run_id: str | None = None, newest_first: bool = False) -> list[Run]:
     """The active runs of ``experiment_ids`` as MLflow's search returns them (info, params, tags, latest
-    metrics, dataset inputs, model outputs), in its order for ``attributes.start_time ASC`` (or its default,
-    newest first), its tie broken by run id; ``status``: only runs of that MLflow status; ``parent_run_id``:
-    only that run's children.  A run's dataset inputs come in the database's order, which MLflow's search
-    leaves unspecified as well (PostgreSQL may return them in another order than either)."""
+    metrics, dataset inputs, model outputs), in its order for ``attributes.start_time ASC`` (or ``DESC``),
+    a run without a start time last, ties broken by run id; ``status``: only runs of that MLflow status;
+    ``parent_run_id``: only that run's children.  A run's dataset inputs come in the database's order, which
+    MLflow's search leaves unspecified as well (PostgreSQL may return them in another order than either).
+    The experiment ids are taken as given: MLflow's workspaces, which would filter them, are not used by
+    mocolab."""
     where = [RUNS.c.experiment_id.in_([int(e) for e in experiment_ids]), RUNS.c.lifecycle_stage == ACTIVE]
     if status is not None:
         where.append(RUNS.c.status == status)
