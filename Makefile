@@ -180,8 +180,9 @@ test-deploy: setup-test
 
 # Mutation testing (tests/mutate.py, docs/contributing.md): mutmut over the verdict rules, the code fingerprint, the
 # named backbones and method/, each against its own area's fast tests, in scratch copies (never these files).
-# Not part of make test: up to about 30 min a target on two cores. MUTATE_TARGETS: some of verdicts code_fingerprint
-# named method (method: its four targets, method-moco method-queue method-bn method-plugins);
+# Not part of make test: minutes to an hour a target on two cores (benchmarks/RESULTS.md). MUTATE_TARGETS: some of
+# verdicts code_fingerprint named method (method: its four targets, method-moco method-queue method-bn
+# method-plugins);
 # MUTATE_ARGS: more of tests/mutate.py's flags (-k EXPR: a subset of the targets' tests).
 MUTATE_TARGETS ?=
 MUTATE_ARGS ?=
