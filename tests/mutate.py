@@ -55,7 +55,7 @@ TARGETS = {
     # test_device_rules (the GPU rules, on the meta device) faces every module that moves a tensor
     "method-moco": Target(["method/moco.py", "method/losses.py"],
                           [f"tests/method/{f}.py" for f in ("test_moco", "test_moco_v3", "test_losses",
-                                                             "test_symmetric", "test_negatives",
+                                                             "test_symmetric", "test_negatives", "test_dist",
                                                              "test_method_contract", "test_device_rules")]),
     "method-queue": Target(["method/key_queue.py", "method/queue_layouts.py", "method/negative_sources.py"],
                            [f"tests/method/{f}.py" for f in ("test_queue", "test_negatives", "test_dist",

@@ -176,3 +176,15 @@ def test_contrast_refuses_keys_written_after_the_snapshot():
     queue.enqueue(_unit(B, C, seed=16), step=0)  # enqueue moved above contrast: this step's keys as negatives
     with pytest.raises(RuntimeError, match="contrast must run before enqueue"):
         queue.contrast(_unit(B, C, seed=17), torch.zeros(B, 1), TAU, negatives)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_the_sharded_queue_loss_on_one_process_is_the_definition_at_any_batch(n):
+    """One process holds the whole queue: the world size comes from the gathered queries' rows over this
+    rank's (1 here), whatever the batch and the embedding width."""
+    q, k, keys = _unit(n, C, seed=20 + n), _unit(n, C, seed=30 + n), _unit(K, C, seed=40)
+    l_pos = (q * k).sum(1, keepdim=True)
+    loss, correct = sharded_queue_info_nce(q, l_pos, keys, TAU)
+    ref, ref_correct = queue_info_nce(q, l_pos, keys, TAU)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(correct, ref_correct)

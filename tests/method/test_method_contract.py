@@ -17,6 +17,7 @@ import torch
 from mocolab.config.choices import NEGATIVE_SOURCES, VERSIONS, WITHOUT_KEY_ENCODER
 from mocolab.config import build_config
 from mocolab.training.build import encoder_factory
+from mocolab.method import rng
 from mocolab.method.protocol import MethodParts
 from mocolab.method.plugins import OWN, installed
 from mocolab.method.registry import METHODS, build_method, method_name
@@ -148,6 +149,19 @@ def test_a_method_takes_its_momentum_temperature_shuffle_and_precision_from_the_
         assert method.m == 0.95
         expected = {"shuffle": CrossRankShuffle, "split": LocalShuffle}[bn]
         assert type(method.shuffler) is expected
+
+
+def test_shuffle_bn_draws_its_permutations_from_the_run_seed_s_shuffle_stream():
+    """Every rank builds the same generator from the config (so no permutation is broadcast), seeded by the
+    run's seed through the "shuffle" stream (method/rng.py): another seed shuffles otherwise."""
+    def shuffler(seed: int):
+        cfg = build_config("smoke", {**TINY, "moco.bn": "shuffle", "run.num_workers": 2, "run.seed": seed})
+        return build_method(cfg, MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")),
+                                             cfg.train_size, B)).shuffler
+
+    first, again, other = shuffler(0), shuffler(0), shuffler(1)
+    assert first.generator.initial_seed() == again.generator.initial_seed() == rng.stream_seed("shuffle", 0)
+    assert other.generator.initial_seed() == rng.stream_seed("shuffle", 1) != rng.stream_seed("shuffle", 0)
 
 
 @pytest.mark.parametrize("name", ALL)
