@@ -151,6 +151,32 @@ def test_a_method_takes_its_momentum_temperature_shuffle_and_precision_from_the_
         assert type(method.shuffler) is expected
 
 
+@pytest.mark.parametrize("name", ["v1", "v2", "memory_bank"])
+def test_a_dictionary_s_initial_keys_come_from_the_run_s_queue_stream(name):
+    """The random keys a queue or bank starts with are drawn from the "queue" stream of the run's seed
+    (method/rng.py), not from the global generator the encoder's initial weights come from: whatever was
+    drawn before, a seed starts with the same dictionary."""
+    cfg = _config(name)
+    starts = []
+    for draws in (0, 5):
+        torch.manual_seed(123)
+        torch.randn(draws)  # what other code drew first
+        parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B)
+        starts.append(build_method(cfg, parts).dictionary.keys.clone())
+    assert torch.equal(starts[0], starts[1])
+
+
+def test_keys_in_bf16_on_one_process():
+    """bf16 encoders with split BN's local shuffle: the key batch stays as it is (only a shuffle across ranks
+    sends it in the encoder's dtype), and the step runs."""
+    cfg = _config("v2")
+    method = build_method(cfg, MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")),
+                                           cfg.train_size, B, encoder_dtype=torch.bfloat16)).train()
+    assert type(method.shuffler) is LocalShuffle and not getattr(method.shuffler, "crosses_ranks", False)
+    out = method(*_batch())
+    assert math.isfinite(float(out.loss.detach())) and out.keys.dtype == torch.float32
+
+
 def test_shuffle_bn_draws_its_permutations_from_the_run_seed_s_shuffle_stream():
     """Every rank builds the same generator from the config (so no permutation is broadcast), seeded by the
     run's seed through the "shuffle" stream (method/rng.py): another seed shuffles otherwise."""

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mocolab.models.backbones import build_encoder
-from mocolab.method.moco import MoCo
+from mocolab.method.moco import MoCo, momentum_update
 from mocolab.method.shuffle import LocalShuffle
 from mocolab.method.key_queue import KeyQueue
 
@@ -66,3 +66,32 @@ def test_bad_hyperparameters(m, tau):
     enc = build_encoder("convnet", 1, width=4, dim=8)
     with pytest.raises(ValueError, match="moco"):
         MoCo(enc, KeyQueue(32, 8, 8), m=m, tau=tau)
+
+
+def test_momentum_one_leaves_the_key_encoder_and_a_momentum_outside_0_1_is_refused():
+    """m = 1 is where a cosine momentum schedule ends (MoCo v3): the key encoder stays as it is. Outside
+    [0, 1] the update is refused, naming m."""
+    model = _moco(m=0.9)
+    _perturb(model)
+    before = [p.clone() for p in model.encoder_k.parameters()]
+    momentum_update(model.encoder_k, model.encoder_q, 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.encoder_k.parameters()))
+    for m in (1.5, -0.5):
+        with pytest.raises(ValueError, match=rf"^momentum_update: m={m} is out of range; allowed \[0, 1\]"):
+            momentum_update(model.encoder_k, model.encoder_q, m)
+
+
+def test_a_key_encoder_parameter_the_query_encoder_lacks_is_named():
+    model = _moco()
+    model.encoder_k.register_parameter("extra", torch.nn.Parameter(torch.zeros(1), requires_grad=False))
+    with pytest.raises(ValueError, match=r"^momentum_update: the query encoder has no parameter 'extra' "
+                                         r"\(1 of the key encoder's \d+ are missing\)"):
+        model.momentum_update()
+
+
+def test_the_queue_records_which_training_image_each_written_key_came_from():
+    """The drift probes follow a key back to its image: the forward hands the batch's indices to the queue."""
+    model = _moco()
+    index = torch.tensor([5, 3, 9, 1, 0, 7, 2, 4])
+    out = model(torch.randn(8, 1, 28, 28), torch.randn(8, 1, 28, 28), index)
+    assert torch.equal(model.queue.source[out.written], index)
