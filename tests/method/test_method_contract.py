@@ -166,6 +166,19 @@ def test_a_dictionary_s_initial_keys_come_from_the_run_s_queue_stream(name):
     assert torch.equal(starts[0], starts[1])
 
 
+def test_random_replacement_reaches_the_queue_with_the_run_s_seed():
+    """queue.policy=random: the queue replaces random slots, drawn from a stream of the run's seed (so two
+    seeds replace differently, one seed alike on every rank)."""
+    def queue(seed: int):
+        cfg = build_config("smoke", {**TINY, "queue.policy": "random", "run.seed": seed})
+        return build_method(cfg, MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")),
+                                             cfg.train_size, B)).dictionary
+
+    first, other = queue(0), queue(1)
+    assert first.policy == other.policy == "random"
+    assert first.slot_generator.initial_seed() != other.slot_generator.initial_seed()
+
+
 def test_keys_in_bf16_on_one_process():
     """bf16 encoders with split BN's local shuffle: the key batch stays as it is (only a shuffle across ranks
     sends it in the encoder's dtype), and the step runs."""

@@ -95,3 +95,14 @@ def test_the_queue_records_which_training_image_each_written_key_came_from():
     index = torch.tensor([5, 3, 9, 1, 0, 7, 2, 4])
     out = model(torch.randn(8, 1, 28, 28), torch.randn(8, 1, 28, 28), index)
     assert torch.equal(model.queue.source[out.written], index)
+
+
+def test_the_constructors_defaults_are_the_presets():
+    """What a user of the library gets without a config (docs/api.md): MoCo v2's m = 0.999 and τ = 0.2, the
+    paper's; MoCo v3's m = 0.99 and τ = 0.2."""
+    from mocolab.method.moco import MoCoV3
+
+    enc = build_encoder("convnet", 1, width=4, dim=8)
+    v2 = MoCo(enc, KeyQueue(32, 8, 8))
+    v3 = MoCoV3(build_encoder("convnet", 1, width=4, dim=8, predictor=True))
+    assert (v2.m, v2.tau, v3.m, v3.tau) == (0.999, 0.2, 0.99, 0.2)
