@@ -277,3 +277,48 @@ def test_batch_keys_with_shuffle_bn_gives_each_query_its_own_image_s_key(tmp_pat
     for r in launch(_shuffled_batch_keys_rank, 2, tmp_path, 4):
         assert r["shuffled"]["loss"] == pytest.approx(r["in place"]["loss"], rel=1e-6)
         assert torch.equal(r["shuffled"]["correct"], r["in place"]["correct"])
+
+
+def _in_batch_model():
+    from mocolab.method.batchnorm import convert_global_bn
+    from mocolab.method.negative_sources import InBatchContrast
+    from mocolab.models.backbones import build_encoder
+
+    torch.manual_seed(0)  # the same initial weights on every rank; BN over the global batch
+    return InBatchContrast(convert_global_bn(build_encoder("convnet", 1, width=4, head="mlp", dim=8)), tau=TAU)
+
+
+def test_in_batch_is_nt_xent_of_the_encoder_s_unit_features():
+    """moco.negatives=in_batch: both views through the one encoder in one pass, normalised, and SimCLR's loss."""
+    model = _in_batch_model()
+    x1, x2 = _batch_keys_views(6)
+    out = model(x1, x2)
+    with torch.no_grad():
+        z = F.normalize(model.encoder_q(torch.cat([x1, x2])), dim=1)
+        expected, correct = nt_xent(z[:6], z[6:], TAU)
+    torch.testing.assert_close(out.loss.detach(), expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out.correct, correct) and torch.equal(out.keys, z[6:]) and int(model.step) == 1
+
+
+def _in_batch_rank(rank: int, world: int, b: int) -> dict:
+    model = _in_batch_model()
+    x1, x2 = _batch_keys_views(b * world)
+    mine = slice(rank * b, (rank + 1) * b)
+    out = model(x1[mine], x2[mine])
+    out.loss.backward()
+    return {"loss": float(out.loss), "correct": out.correct,
+            "grads": [p.grad.clone() for p in model.encoder_q.parameters()]}
+
+
+def test_in_batch_on_two_gloo_ranks_is_one_process_over_the_whole_batch(tmp_path):
+    """Every view of the global batch a candidate, the own rank's views at their place in the gathered order:
+    the mean of the ranks' losses and gradients is the one-process loss of the concatenated batch."""
+    b, world = 4, 2
+    ranks = launch(_in_batch_rank, world, tmp_path, b)
+    model = _in_batch_model()
+    x1, x2 = _batch_keys_views(b * world)
+    out = model(x1, x2)
+    out.loss.backward()
+    assert sum(r["loss"] for r in ranks) / world == pytest.approx(float(out.loss), rel=1e-5)
+    for i, p in enumerate(model.encoder_q.parameters()):
+        torch.testing.assert_close(sum(r["grads"][i] for r in ranks) / world, p.grad, atol=1e-5, rtol=1e-4)
