@@ -230,8 +230,10 @@ def _batch_keys_views(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 1, 12, 12, generator=g), torch.randn(n, 1, 12, 12, generator=g)
 
 
-def _batch_keys_rank(rank: int, world: int, b: int) -> dict:
-    model = _batch_keys_model()
+def _rank_step(rank: int, world: int, build, b: int) -> dict:
+    """One step of ``build()``'s model on this rank's slice of the global batch (``build``: a module-level
+    function, so the rank processes import it by name)."""
+    model = build()
     x1, x2 = _batch_keys_views(b * world)
     mine = slice(rank * b, (rank + 1) * b)
     out = model(x1[mine], x2[mine])
@@ -240,18 +242,25 @@ def _batch_keys_rank(rank: int, world: int, b: int) -> dict:
             "grads": [p.grad.clone() for p in model.encoder_q.parameters()]}
 
 
-def test_batch_keys_on_two_gloo_ranks_is_one_process_over_the_whole_batch(tmp_path):
-    """Each rank's queries against the global batch's keys, the own image's key (at r·B + i) the positive: the
-    mean of the ranks' losses and gradients is the one-process loss of the concatenated batch."""
-    b, world = 4, 2
-    ranks = launch(_batch_keys_rank, world, tmp_path, b)
-    model = _batch_keys_model()
+def _ranks_are_one_process(tmp_path, build, b: int = 4, world: int = 2):
+    """The mean of the ranks' losses and gradients against one process's step over the concatenated batch;
+    returns the ranks' results and that step's output, for what a test checks besides."""
+    ranks = launch(_rank_step, world, tmp_path, build, b)
+    model = build()
     x1, x2 = _batch_keys_views(b * world)
     out = model(x1, x2)
     out.loss.backward()
     assert sum(r["loss"] for r in ranks) / world == pytest.approx(float(out.loss), rel=1e-5)
     for i, p in enumerate(model.encoder_q.parameters()):
         torch.testing.assert_close(sum(r["grads"][i] for r in ranks) / world, p.grad, atol=1e-5, rtol=1e-4)
+    return ranks, out
+
+
+def test_batch_keys_on_two_gloo_ranks_is_one_process_over_the_whole_batch(tmp_path):
+    """Each rank's queries against the global batch's keys, the own image's key (at r·B + i) the positive: the
+    mean of the ranks' losses and gradients is the one-process loss of the concatenated batch."""
+    b = 4
+    ranks, out = _ranks_are_one_process(tmp_path, _batch_keys_model, b)
     both = torch.cat([torch.cat([r["correct"][:b] for r in ranks]), torch.cat([r["correct"][b:] for r in ranks])])
     assert torch.equal(both, out.correct)
 
@@ -300,25 +309,7 @@ def test_in_batch_is_nt_xent_of_the_encoder_s_unit_features():
     assert torch.equal(out.correct, correct) and torch.equal(out.keys, z[6:]) and int(model.step) == 1
 
 
-def _in_batch_rank(rank: int, world: int, b: int) -> dict:
-    model = _in_batch_model()
-    x1, x2 = _batch_keys_views(b * world)
-    mine = slice(rank * b, (rank + 1) * b)
-    out = model(x1[mine], x2[mine])
-    out.loss.backward()
-    return {"loss": float(out.loss), "correct": out.correct,
-            "grads": [p.grad.clone() for p in model.encoder_q.parameters()]}
-
-
 def test_in_batch_on_two_gloo_ranks_is_one_process_over_the_whole_batch(tmp_path):
     """Every view of the global batch a candidate, the own rank's views at their place in the gathered order:
     the mean of the ranks' losses and gradients is the one-process loss of the concatenated batch."""
-    b, world = 4, 2
-    ranks = launch(_in_batch_rank, world, tmp_path, b)
-    model = _in_batch_model()
-    x1, x2 = _batch_keys_views(b * world)
-    out = model(x1, x2)
-    out.loss.backward()
-    assert sum(r["loss"] for r in ranks) / world == pytest.approx(float(out.loss), rel=1e-5)
-    for i, p in enumerate(model.encoder_q.parameters()):
-        torch.testing.assert_close(sum(r["grads"][i] for r in ranks) / world, p.grad, atol=1e-5, rtol=1e-4)
+    _ranks_are_one_process(tmp_path, _in_batch_model)
