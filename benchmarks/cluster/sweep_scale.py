@@ -249,9 +249,12 @@ def measure(n: int, kind: str, cluster, work: Path, log: Path) -> dict[str, Any]
         res = subprocess.run([sys.executable, __file__, "--cell", str(n), kind, "--name", name, "--uri", s.tracking_uri,
                               "--storage", s.storage, "--out", str(out)],
                              env=env, stdout=sink, stderr=subprocess.STDOUT)
-    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("CELL ")]
+    printed = log.read_text().split(f"\n===== {name}\n")[-1]
+    lines = [ln for ln in printed.splitlines() if ln.startswith("CELL ")]
     if res.returncode != 0 or not lines:
-        raise SystemExit(f"{name}: the sweep's driver exited {res.returncode}; its output is in {log}")
+        tail = "\n".join(printed.splitlines()[-60:])  # the cause, where CI keeps only this process's output
+        raise SystemExit(f"{name}: the sweep's driver exited {res.returncode}; its output is in {log}; "
+                         f"it ended:\n{tail}")
     cell = json.loads(lines[-1][len("CELL "):])
     actors, groups, singletons = alive_on_cluster(s.dashboard)  # the driver has exited; the cluster still runs
     sweep_dir = Path(s.storage) / name

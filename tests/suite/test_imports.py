@@ -58,7 +58,7 @@ LAZY: dict[str, set[str]] = {
     "tune/studies/queue.py": {"mocolab.analysis"},
     "tune/studies/vit.py": {"mocolab.analysis", "mocolab.tracking", "mocolab.analysis.vit_plots"},
     # Ray where a run needs it: a run in this process (W = 0, --in-process) and the driver's checks go without
-    "training/launch.py": {"ray", "ray.train", "ray.train.torch",
+    "training/launch.py": {"ray", "ray.train", "ray.train.torch", "ray.train._internal.session",
                         "mocolab.training.worker"},  # the training loop, in the Ray Train worker that runs it
     "training/ray_output.py": {"ray._private.ray_logging"},
     "training/resources.py": {"ray", "ray.util"},

@@ -208,6 +208,25 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
                            tracker=tracker)
 
 
+def tune_trial_session():
+    """The Tune trial session this process runs in; None outside Tune (Ray 2.60: no public API returns it)."""
+    import ray.train._internal.session as tune_session
+
+    return tune_session.get_session()
+
+
+def stopped_by_tune(session) -> bool:
+    """Whether Tune has stopped the trial of ``session`` (its scheduler, ``--stop-after``).
+
+    ``Trainable.stop`` sets the session's stop event, ends the session and returns without waiting for the
+    trial's function; Tune then removes the trial's placement group, and with it the Train controller that
+    ``trainer.fit`` may still be waiting on here (``ActorDiedError``). That error is the stop, not a failure
+    of the run: the sweep closes the run as it closes every trial stopped mid-epoch."""
+    if session is None:
+        return False
+    return session.stop_event.is_set() or tune_trial_session() is not session
+
+
 def _reported(ended: Ended) -> TrainOutcome:
     return TrainOutcome(ended.name, ended.mlflow_run_id, ended.status, ended.linear_top1, ended.knn_top1,
                         ended.final_loss, ended.steps, True, ended.checkpoint, ended.val_linear_top1,
@@ -272,6 +291,7 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
         return trainer.fit()
 
     failures = 0
+    trial_session = tune_trial_session()  # Tune ends it when it stops the trial, before the error below
     while True:
         try:
             result = attempt()
@@ -287,6 +307,8 @@ def _fit_locked(cfg: Config, manifest: RunManifest, uri: str, run_dir: Location,
                 progress(f"run '{name}' failed ({type(err).__name__}: {err}); restarting from its latest "
                          f"checkpoint ({failures}/{cfg.run.max_failures})")
                 continue
+            if stopped_by_tune(trial_session):
+                raise  # Tune stopping its trial ended the Train controller under this fit: the sweep closes the run
             if tracker is not None:
                 tracker.fail(redact_text(f"{type(err).__name__}: {err}", uri))
             raise

@@ -11,7 +11,13 @@ would wait for them forever.
 
 Each worker reports the placement group it runs in (``PG_KEY``, with every
 report); when a trial ends for any reason, this callback removes the last
-group its workers reported if Ray still holds it.
+group its workers reported if Ray still holds it. A trial whose function
+returned has nothing running on it: its group goes at once. A stopped or
+failed one is still running when Tune tells its callbacks (Tune stops the
+trial's actor after them): removing the group then would end the workers
+under a live ``fit``, which would record the stop as the run's failure. So
+its group goes once the trial's actor is dead, checked at each step of
+Tune's loop, or at the sweep's end.
 
 The cleaner itself is a detached actor (a process of its own): a controller
 that shuts down stops it, but after a stopped trial it outlives its controller
@@ -80,36 +86,71 @@ def _kill(pid: int) -> None:
         pass
 
 
+def actor_dead(actor_hex: str) -> bool:
+    """Whether the actor ``actor_hex`` has ended (or is unknown to the GCS)."""
+    return state.actors(actor_id=actor_hex).get("State", "DEAD") == "DEAD"
+
+
 class ReleaseEndedTrials(Callback):
     """Tune callback: a trial that ended leaves no placement group of its workers behind, nor their cleaner."""
 
     def __init__(self, say=print) -> None:
-        self.groups: dict[str, str] = {}
+        self.groups: dict[str, str] = {}  # trial id -> its workers' group, while the trial runs
+        self.returned: set[str] = set()  # trials whose function reported its final result
+        self.waiting: dict[str, tuple[str, str]] = {}  # trial id -> (group, its actor), until that actor is dead
         self.say = say
 
     def __getstate__(self) -> dict:  # Tune saves its callbacks with the experiment state
-        return {"groups": dict(self.groups), "say": print}
+        return {"groups": dict(self.groups), "returned": set(self.returned), "waiting": dict(self.waiting),
+                "say": print}
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if result.get(PG_KEY):
             self.groups[trial.trial_id] = result[PG_KEY]
+        if result.get("final"):
+            self.returned.add(trial.trial_id)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._release(trial)
+        self._ended(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._release(trial)
+        self._ended(trial)
+
+    def on_step_end(self, iteration, trials, **info):
+        for trial_id, (pg, actor) in list(self.waiting.items()):
+            try:
+                dead = actor_dead(actor)
+            except Exception as err:  # noqa: BLE001 - the GCS did not answer: release it now, as before
+                self.say(f"  could not tell whether trial {trial_id}'s process has ended: {err}")
+                dead = True
+            if dead:
+                del self.waiting[trial_id]
+                self._release(trial_id, pg)
 
     def on_experiment_end(self, trials, **info):
+        for trial_id, (pg, _) in list(self.waiting.items()):  # the sweep is over: nothing runs on them
+            self._release(trial_id, pg)
+        self.waiting.clear()
         self._end_cleaners()
 
-    def _release(self, trial) -> None:
+    def _ended(self, trial) -> None:
         pg = self.groups.pop(trial.trial_id, None)
+        returned = trial.trial_id in self.returned
+        self.returned.discard(trial.trial_id)
+        actor = trial.temporary_state.ray_actor  # Tune stops it after its callbacks
+        if pg and not returned and actor is not None:
+            self.waiting[trial.trial_id] = (pg, actor._actor_id.hex())
+        elif pg:
+            self._release(trial.trial_id, pg)
+        else:
+            self._end_cleaners()
+
+    def _release(self, trial_id: str, pg: str) -> None:
         try:
-            if pg and release(pg):
-                self.say(f"  released the CPUs of stopped trial {trial.trial_id}'s workers")
+            if release(pg):
+                self.say(f"  released the CPUs of stopped trial {trial_id}'s workers")
         except Exception as err:  # noqa: BLE001 - never let cleanup end a sweep; say it
-            self.say(f"  could not release trial {trial.trial_id}'s placement group {pg}: {err}")
+            self.say(f"  could not release trial {trial_id}'s placement group {pg}: {err}")
         self._end_cleaners()
 
     def _end_cleaners(self) -> None:
