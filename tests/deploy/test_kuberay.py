@@ -20,6 +20,9 @@ import copy
 import os
 import re
 import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -346,18 +349,25 @@ def _driver_env(job: dict) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def data_volume(tmp_path_factory) -> Path:
+def data_volume(tmp_path_factory) -> Iterator[Path]:
     """A folder standing in for the data volume: ImageNet's layout (training/ and val/ by class) with as many
     (empty) image files as the preset's queue needs, since the check counts them by a folder walk, as the
-    head would on the volume. No image is decoded before the first trial."""
-    volume = tmp_path_factory.mktemp("data-volume")
+    head would on the volume. No image is decoded before the first trial.
+
+    In memory (/dev/shm) where the machine has it: 70,000 files cost half a second there, and from 2 to 30 s
+    on a shared disk."""
+    shm = Path("/dev/shm")
+    in_memory = shm.is_dir() and os.access(shm, os.W_OK)
+    volume = Path(tempfile.mkdtemp(prefix="mocolab-volume-", dir=shm)) if in_memory \
+        else tmp_path_factory.mktemp("data-volume")
     for split, n in (("train", 70_000), ("val", 10)):
         for c in range(10):
             folder = volume / "imagenet" / split / f"n{c:08d}"
             folder.mkdir(parents=True)
             for i in range(n // 10):
-                (folder / f"{i}.JPEG").touch()
-    return volume
+                os.close(os.open(f"{folder}/{i}.JPEG", os.O_CREAT | os.O_WRONLY, 0o644))
+    yield volume
+    shutil.rmtree(volume, ignore_errors=True)  # memory, or pytest's later cleanup at some test's expense
 
 
 def _data_mount(job: dict) -> str:

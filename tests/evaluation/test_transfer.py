@@ -107,6 +107,7 @@ def test_docs_eval_block_runs_and_links_every_evaluation_to_its_source(trained, 
 
 
 @needs_data
+@pytest.mark.slow  # the module's training (its fixture)
 def test_eval_on_the_training_data_gives_the_runs_own_scores(trained):
     """The scoring is training's final evaluation: the encoder scored on its own data (the same first 512
     training images, the same test images) reproduces the linear_top1 and knn_top1 the run logged."""
@@ -138,29 +139,54 @@ def test_a_run_id_a_model_uri_and_an_export_give_one_encoder(trained, tmp_path):
         mocolab.load_encoder(model_uri(uri, run_id, "classifier"), tracking_uri=uri)
 
 
-@needs_data
-@pytest.mark.parametrize("argv, message", [
+# A source that names no model is refused before any store is read: an empty store does (no training)
+NO_SOURCE = [
     (["no-such-run", "--data", "synthetic"], "SOURCE: 'no-such-run' is not a folder, a models:/ URI or a run"),
+    (["./no-such-export", "--data", "synthetic"], "EXPORT_DIR: './no-such-export' is not a folder"),
+    (["models:/m-0000", "--data", "synthetic"], "MODEL_URI: 'models:/m-0000' names no logged model"),
+    (["models:/nobody/1", "--data", "synthetic"], "MODEL_URI: 'models:/nobody/1' names no registered model"),
+]
+# bad settings beside a real trained run (RUN): the module's training, so marked slow
+WITH_RUN = [
     (["RUN", "--data", "mnist"], "--data: unknown dataset 'mnist'; choose one of"),
     (["RUN", "--data", "synthetic", "--set", "moco.m=0.9"], "--set moco.m: an evaluation reads only data.*"),
     (["RUN", "--data", "synthetic", "--set", "eval.knn_k=0"], "eval.knn_k: 0 is out of range"),
     (["RUN", "--data", "imagefolder"], "data.root: imagefolder needs a folder path"),
     (["RUN", "--data", "imagefolder", "--set", "data.root=/no/such/folder"], "data.root: '/no/such/folder' does not"),
-    (["./no-such-export", "--data", "synthetic"], "EXPORT_DIR: './no-such-export' is not a folder"),
-    (["models:/m-0000", "--data", "synthetic"], "MODEL_URI: 'models:/m-0000' names no logged model"),
-    (["models:/nobody/1", "--data", "synthetic"], "MODEL_URI: 'models:/nobody/1' names no registered model"),
     (["RUN", "--data", "synthetic", "--experiment", "a/b"], "--experiment: 'a/b' is not a valid name"),
-])
-def test_bad_input_is_one_line_exit_2_and_leaves_no_run(trained, capsys, argv, message):
+]
+
+
+def _refused(uri: str, argv: list[str], message: str, capsys) -> None:
     from mocolab.cli.commands import main
 
-    _, uri, run_id = trained
     before = len(_all_runs(uri))
-    argv = [run_id if a == "RUN" else a for a in argv]
+    capsys.readouterr()  # MLflow's lines as it makes a new store's tables
     assert main(["eval", *argv, "--tracking-uri", uri]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert len(_all_runs(uri)) == before
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> str:
+    """A store with no run: MLflow makes its tables once for the module."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('empty') / 'mlflow.db'}"
+    _all_runs(uri)
+    return uri
+
+
+@pytest.mark.parametrize("argv, message", NO_SOURCE)
+def test_a_source_that_names_no_model_is_one_line_exit_2_and_leaves_no_run(empty_store, capsys, argv, message):
+    _refused(empty_store, argv, message, capsys)
+
+
+@needs_data
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, message", WITH_RUN)
+def test_bad_input_is_one_line_exit_2_and_leaves_no_run(trained, capsys, argv, message):
+    _, uri, run_id = trained
+    _refused(uri, [run_id if a == "RUN" else a for a in argv], message, capsys)
 
 
 def test_an_export_folder_missing_its_files_is_named(tmp_path, capsys):

@@ -227,24 +227,50 @@ def _study_call(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[li
             {"env": e, "cwd": tmp_path, "timeout": 300})
 
 
-BAD_INPUT = [
-    (["--seeds", "0"], None, "--seeds: 0 is out of range; allowed [1, 1000]"),
-    (["--momenta", ""], None, "--momenta: give at least one value of m in [0, 1)"),
-    (["--momenta", "0.9,abc"], None, "--momenta: 'abc' is not a number"),
+# What the study's arguments and config refuse: before Ray, MLflow or torch load (tune/spec.py), so the
+# study's own main() in this process tells what its process would (tests/suite/test_layers.py holds the
+# imports), at no interpreter's start each
+BAD_ARGUMENTS = [
+    (["--seeds", "0"], "--seeds: 0 is out of range; allowed [1, 1000]"),
+    (["--momenta", ""], "--momenta: give at least one value of m in [0, 1)"),
+    (["--momenta", "0.9,abc"], "--momenta: 'abc' is not a number"),
+    (["--momenta", "0.9,1.5"], "moco.m: 1.5 is out of range"),
+    (["--set", "moco.mm=0.9"], "unknown config key 'moco.mm'"),
+]
+# What the study finds unreachable: through a study process, as a user starts it (its environment is its own)
+UNREACHABLE = [
     (["--tracking-uri", "http://127.0.0.1:9"], None, "does not answer"),
     ([], {"RAY_ADDRESS": "127.0.0.1:9"}, "the cluster does not answer"),
-    # config errors through a study process: refused before Ray, MLflow or torch load (tune/spec.py)
-    (["--momenta", "0.9,1.5"], None, "moco.m: 1.5 is out of range"),
-    (["--set", "moco.mm=0.9"], None, "unknown config key 'moco.mm'"),
 ]
+
+
+def _no_parent_run(tmp_path: Path) -> None:
+    db = tmp_path / "mlflow.db"
+    if db.exists():
+        client = MlflowClient(f"sqlite:///{db}")
+        assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert not (tmp_path / "sweeps").exists()
+
+
+@pytest.mark.parametrize("args, message", BAD_ARGUMENTS)
+def test_bad_arguments_fail_before_any_trial_and_leave_no_parent_run(tmp_path, monkeypatch, capsys, args, message):
+    from mocolab.tune.studies.momentum import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    argv, _ = _study_call(tmp_path, *args)
+    assert main(argv[2:]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err[-2000:]
+    _no_parent_run(tmp_path)
 
 
 @pytest.fixture(scope="module")
 def refused_studies(request, tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """Every selected bad-input case, each study in its own folder, run at once: message -> (folder, result)."""
-    cases = [c.values if hasattr(c, "values") else c for c in BAD_INPUT]
+    """Every selected unreachable case, each study in its own folder, run at once: message -> (folder, result)."""
+    cases = [c.values if hasattr(c, "values") else c for c in UNREACHABLE]
     selected = {item.callspec.params["message"] for item in request.session.items
-                if item.originalname == "test_bad_input_fails_before_any_trial_and_leaves_no_parent_run"}
+                if item.originalname == "test_an_unreachable_store_or_cluster_fails_before_any_trial"}
     cases = [c for c in cases if c[2] in selected]
     folders = [tmp_path_factory.mktemp("refused") for _ in cases]
     calls = [_study_call(folder, *args, env=env) for folder, (args, env, _) in zip(folders, cases)]
@@ -252,16 +278,12 @@ def refused_studies(request, tmp_path_factory) -> dict[str, tuple[Path, subproce
     return {message: (folder, run) for folder, (_, _, message), run in zip(folders, cases, runs)}
 
 
-@pytest.mark.parametrize("args, env, message", BAD_INPUT)
-def test_bad_input_fails_before_any_trial_and_leaves_no_parent_run(refused_studies, args, env, message):
+@pytest.mark.parametrize("args, env, message", UNREACHABLE)
+def test_an_unreachable_store_or_cluster_fails_before_any_trial(refused_studies, args, env, message):
     tmp_path, res = refused_studies[message]
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert message in res.stderr, res.stderr[-2000:]
-    db = tmp_path / "mlflow.db"
-    if db.exists():
-        client = MlflowClient(f"sqlite:///{db}")
-        assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert not (tmp_path / "sweeps").exists()
+    _no_parent_run(tmp_path)
 
 
 # For the studies whose preset (cpu-quick, vit-quick) scores on all 10,000 test images and maps 2,000: the probe

@@ -86,7 +86,10 @@ def log_models(uri: str, run_id: str, modules: dict[str, torch.nn.Module], examp
                     info = mlflow.pytorch.log_model(
                         module, name=name, serialization_format="pt2", input_example=example.numpy(),
                         signature=infer_signature(example.numpy(), output.numpy()), pip_requirements=requirements,
-                        model_id=model.model_id, run_id=run_id, step=step)
+                        model_id=model.model_id, run_id=run_id, step=step,
+                        # MLflow would load the model back to run the example (1.5 s a model, every run);
+                        # its failure is only a warning, and the exported program was just run above
+                        validate_serving_input=False)
                 except BaseException:
                     try:  # no half-logged model left in the experiment's Models list
                         store.client.delete_logged_model(model.model_id)
