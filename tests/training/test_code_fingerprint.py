@@ -322,12 +322,24 @@ def test_an_interrupted_run_continues_across_a_change_the_committed_list_declare
     with pytest.raises(CodeChanged, match=f"was started by code {before[:8]}"):
         fit(cfg, log_to_mlflow=False, progress=lambda _m: None, neutral_changes=frozenset({(before, "f" * 16)}))
     said: list[str] = []
-    out = fit(cfg, log_to_mlflow=False, progress=said.append, neutral_changes=frozenset({(before, now)}))
+    between = "89abcdef01234567"  # declared in two steps, as the list grows one change at a time
+    out = fit(cfg, log_to_mlflow=False, progress=said.append,
+              neutral_changes=frozenset({(before, between), (between, now), (now, "f" * 16)}))
     assert out.status == "finished" and out.steps == 4
     assert any(f"continuing under this checkout's code {now[:8]}" in line and "a change declared neutral" in line
                for line in said), said
     assert json.loads(path.read_text())["segments"] == [{"code": before, "from_step": 0},
                                                          {"code": now, "from_step": 2}]
+
+
+def test_neutral_changes_chain_one_way_only():
+    from mocolab.training.launch import declared_neutral
+
+    changes = frozenset({("a", "b"), ("b", "c"), ("x", "y")})
+    assert declared_neutral("a", "b", changes) and declared_neutral("a", "c", changes)
+    assert not declared_neutral("c", "a", changes)  # back is not declared
+    assert not declared_neutral("a", "y", changes) and not declared_neutral("a", "a", changes)
+    assert not declared_neutral("q", "b", changes)
 
 
 def test_a_neutral_change_is_declared_with_its_reason(tmp_path):

@@ -190,7 +190,7 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
                          f"({REUSE_FLAG} reports that run instead)")
                 return fit(cfg.replace(**{"run.name": new}), **again)
             if not made_here:
-                declared = (started.code_fingerprint.digest, code.digest) in neutral_changes
+                declared = declared_neutral(started.code_fingerprint.digest, code.digest, neutral_changes)
                 if not (continue_across_code or declared):
                     raise interrupted_by_other_code(name, f"run '{name}' ({run_dir})", started, code, fresh)
                 segments = continued_segments(started, code, _checkpoint_step(run_dir))
@@ -206,6 +206,19 @@ def fit(cfg: Config, *, tracking_uri: str | None = None, parent_run_id: str | No
                            callbacks=callbacks, ray_train_info=ray_train_info,
                            tune_local=tune_trial and workers == 0, tune_metric=tune_metric, gpus=gpus,
                            tracker=tracker)
+
+
+def declared_neutral(started: str, now: str, changes: frozenset[tuple[str, str]]) -> bool:
+    """Whether the declared changes lead from the code ``started`` to the code ``now``, each step neutral: a run
+    interrupted under A continues under C where A -> B and B -> C are declared, as under B it would have."""
+    reached, frontier = {started}, [started]
+    while frontier:
+        here = frontier.pop()
+        for a, b in changes:
+            if a == here and b not in reached:
+                reached.add(b)
+                frontier.append(b)
+    return now in reached and now != started
 
 
 def tune_trial_session():
