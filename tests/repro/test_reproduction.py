@@ -382,3 +382,40 @@ def test_repro_status_counts_each_studys_trials_in_the_store_and_names_what_goes
     q = StudyStatus(study("queue-cpu-full"), ended=17, unfinished={"running": 2}, machines=(), trial_minutes=20.0)
     assert q.hours_left(2) == pytest.approx(3 * 20 / 2 / 60) and q.hours_left(16) == pytest.approx(20 / 60)
     assert StudyStatus(study("queue-cpu-full"), 0, {}, (), None).hours_left(2) is None
+
+
+STOPPED_IN_BASELINES = """
+import sys
+from dataclasses import replace
+from mocolab.repro.plan import study
+from mocolab.repro.run import run_study
+small = replace(study("momentum-cpu-quick"), name="stopped", preset="smoke", values=(0.99,), seeds=1)
+sys.exit(run_study(small, "fp32", 1, tracking_uri=sys.argv[1], stop_after=None, say=lambda s: print(s, flush=True)))
+"""
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_a_repro_stopped_while_measuring_baselines_says_so_and_starts_no_study(tmp_path):
+    """SIGTERM while the baselines are measured (seconds to minutes on a full preset) ends ``mocolab repro`` as
+    Ctrl-C does, with a line that says where, the study not started and no baseline half logged."""
+    import signal
+    import subprocess
+    import sys
+
+    uri = mlflow_store(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_IN_BASELINES, uri], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "measuring" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, out
+    assert "stopped while measuring stopped's baselines" in out and "$ python" not in out, out
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    assert all(r.info.status == "FINISHED" for r in runs), [r.info.status for r in runs]

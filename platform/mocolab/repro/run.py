@@ -18,6 +18,7 @@ from mocolab.config.flags import check_number
 from mocolab.repro.inputs import check_readme, check_results, check_store
 from mocolab.repro.plan import STUDIES, Study
 from mocolab.repro.store_file import pack, packed_path
+from mocolab.training.interrupts import closing_on_signals, exit_code
 
 REPO = Path(__file__).resolve().parents[3]
 NEUTRAL_CHANGES = "results/neutral_code_changes.json"  # code changes declared neutral, each with its reason
@@ -86,8 +87,14 @@ def run_study(study: Study, precision: str, threads: int, *, tracking_uri: str |
     from mocolab.repro.preregistration import tag_runs
 
     tag_runs(study)  # every run made from here on, baselines included, carries the hash of its rules
-    log_baselines(study.name, study.preset, study.baseline_overrides(precision), list(range(study.seeds)),
-                  tracking_uri=tracking_uri, say=say)
+    try:
+        with closing_on_signals():  # SIGTERM as Ctrl-C: said, not a silent end
+            log_baselines(study.name, study.preset, study.baseline_overrides(precision), list(range(study.seeds)),
+                          tracking_uri=tracking_uri, say=say)
+    except KeyboardInterrupt as err:
+        say(f"stopped while measuring {study.name}'s baselines: each is logged once measured, so none is half "
+            f"there; `mocolab repro` again measures the missing ones")
+        return exit_code(err)
     script = study.command(precision, threads)
     argv = [sys.executable, str(REPO / script[0]), *script[1:]]
     if tracking_uri:
