@@ -186,11 +186,14 @@ test-deploy: setup-test
 # verdicts code_fingerprint named method (method: its four targets, method-moco method-queue method-bn
 # method-plugins);
 # MUTATE_ARGS: more of tests/mutate.py's flags (-k EXPR: a subset of the targets' tests).
+# MUTATE_CACHE: where each target's copy and mutmut's results stay between runs (gitignored): a later make mutate
+# re-tests only the functions changed since, the tests added, and the earlier survivors (empty: a fresh copy each run).
 MUTATE_TARGETS ?=
 MUTATE_ARGS ?=
 MUTATE_NICE ?=
+MUTATE_CACHE ?= .mutate
 mutate: $(TEST_STAMP)
-	$(MUTATE_NICE) $(PY) tests/mutate.py $(MUTATE_TARGETS) $(MUTATE_ARGS)
+	$(MUTATE_NICE) $(PY) tests/mutate.py $(if $(MUTATE_CACHE),--cache $(MUTATE_CACHE)) $(MUTATE_TARGETS) $(MUTATE_ARGS)
 
 # The pictures docs/tracking.md opens with, from a tiny momentum study (the MLflow UI test's, minutes): the view a
 # study's link opens (tests/artifacts/mlflow-view.png) and the report's feature maps, as PNGs under 300 KB each.

@@ -7,6 +7,13 @@ copy, never these files, so it runs beside other work), laid out as mutmut expec
 ``platform`` pointing at the mutated copy for the tests that read the package's files.
 
     python tests/mutate.py [TARGET ...]      # default: every target; --help names them (method: its four)
+    python tests/mutate.py --cache .mutate   # each target's copy kept there: a later run re-tests what changed
+
+With ``--cache`` (``make mutate`` passes ``.mutate``) a target's copy and mutmut's results stay between runs:
+the copy's sources and tests are refreshed from the checkout, mutmut re-tests the mutants of every function
+whose code changed (its own hashes) and collects what new tests reach, and the survivors of earlier runs
+face the current tests again, where a new case may kill them. An unchanged checkout costs mutmut's start-up
+and its survivors; a first run costs the whole target.
 """
 
 from __future__ import annotations
@@ -78,7 +85,11 @@ PYTEST = ["-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0", "-m", "(not 
 def _scratch(root: Path, target: Target, select: str | None) -> Path:
     """A copy of what the tests read (the package as src/, tests/, results/, examples/, benchmarks/ and the
     Makefile that tests/method checks against, pyproject.toml), with mutmut's settings for this target in its
-    setup.cfg."""
+    setup.cfg. A copy made before is refreshed: everything but mutmut's ``mutants/`` (its results) goes first."""
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.name != "mutants":
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     shutil.copytree(REPO / "platform", root / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("tests", "results", "examples", "experiments", "docs", "benchmarks"):
         if (REPO / name).is_dir():
@@ -102,8 +113,9 @@ def _scratch(root: Path, target: Target, select: str | None) -> Path:
     undecorate(root / "src", target.modules)
     # mutants/src exists before mutmut starts: the PYTHONPATH entry that points there (see ``run``) is looked up
     # once, at the interpreter's start, and a folder missing then is skipped for good
-    (root / "mutants" / "src").mkdir(parents=True)
-    (root / "mutants" / "platform").symlink_to("src")  # REPO / "platform" in the tests: the mutated copy
+    (root / "mutants" / "src").mkdir(parents=True, exist_ok=True)
+    if not (root / "mutants" / "platform").is_symlink():
+        (root / "mutants" / "platform").symlink_to("src")  # REPO / "platform" in the tests: the mutated copy
     return root
 
 
@@ -159,16 +171,26 @@ def undecorate(src: Path, modules: list[str]) -> None:
         path.write_text(cst.parse_module(path.read_text()).visit(_Undecorated()).code)
 
 
-def run(target: str, keep: Path | None, select: str | None = None) -> dict[str, int]:
-    """mutmut's counts for ``target``: mutants by outcome, and the survivors' names printed."""
-    root = Path(tempfile.mkdtemp(prefix=f"mutate-{target}-", dir=keep))
-    _scratch(root, TARGETS[target], select)
+def run(target: str, keep: Path | None, select: str | None = None, cache: Path | None = None) -> dict[str, int]:
+    """mutmut's counts for ``target``: mutants by outcome, and the survivors' names printed. ``cache``: the
+    folder whose ``<target>/`` holds the target's copy from run to run (see the module's docstring)."""
+    if cache is not None:
+        root = (cache / target).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        root = Path(tempfile.mkdtemp(prefix=f"mutate-{target}-", dir=keep))
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     # The gloo tests' ranks come from a multiprocessing forkserver, which imports by PYTHONPATH alone (not the
     # sys.path mutmut sets in its own process): without it they would run the installed, unmutated package.
     env = {**os.environ, "PYTHONPATH": str(root / "mutants" / "src"), "CI": ""}
+    before = _survivors(root, mutmut, env) if (root / "mutants").is_dir() else []
+    _scratch(root, TARGETS[target], select)
     start = time.monotonic()
-    subprocess.run([mutmut, "run", "--max-children", str(os.cpu_count() or 1)], cwd=root, env=env, check=False)
+    children = ["--max-children", str(os.cpu_count() or 1)]
+    subprocess.run([mutmut, "run", *children], cwd=root, env=env, check=False)
+    if before:  # an earlier run's survivors against today's tests (mutmut keeps a verdict while its code stands)
+        print(f"{target}: {len(before)} survivor(s) of the earlier run against the current tests")
+        subprocess.run([mutmut, "run", *children, *before], cwd=root, env=env, check=False)
     minutes = (time.monotonic() - start) / 60
     res = subprocess.run([mutmut, "results", "--all", "true"], cwd=root, env=env, capture_output=True, text=True)
     counts: dict[str, int] = {}
@@ -188,6 +210,12 @@ def run(target: str, keep: Path | None, select: str | None = None) -> dict[str, 
     return counts
 
 
+def _survivors(root: Path, mutmut: str, env: dict[str, str]) -> list[str]:
+    """The mutants a kept copy's last run left alive (survived, or timed out)."""
+    res = subprocess.run([mutmut, "results"], cwd=root, env=env, capture_output=True, text=True)
+    return [m.group(1) for m in re.finditer(r"^\s*(\S+): (?:survived|timeout)\s*$", res.stdout, re.M)]
+
+
 def _module(mutant: str) -> str:
     """The module of a mutant's name (``mocolab.method.moco.xǁMoCoǁforward__mutmut_3``: mocolab.method.moco)."""
     parts = mutant.split(".")
@@ -200,10 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("targets", nargs="*", default=list(TARGETS), choices=[*TARGETS, *GROUPS],
                    help="targets, or method for its four")
     p.add_argument("--keep", type=Path, default=None, help="the folder for the scratch copies (default: $TMPDIR)")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="keep each target's copy and results in CACHE/<target>: a later run re-tests what changed")
     p.add_argument("-k", dest="select", default=None, help="pytest's -k over the targets' tests: a subset of them")
     args = p.parse_args(argv)
+    if args.cache is not None and args.keep is not None:
+        p.error("--keep and --cache both say where the copies go: give one")
     names = dict.fromkeys(n for t in args.targets for n in GROUPS.get(t, [t]))
-    totals = {t: run(t, args.keep, args.select) for t in names}
+    totals = {t: run(t, args.keep, args.select, args.cache) for t in names}
     for t, counts in totals.items():
         print(f"{t:>18}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 0

@@ -135,3 +135,22 @@ def test_a_mutant_is_counted_under_its_module():
     assert mutate._module("mocolab.method.moco.xǁMoCoǁforward__mutmut_3") == "mocolab.method.moco"
     assert mutate._module("mocolab.method.losses.x_nt_xent__mutmut_10") == "mocolab.method.losses"
     assert mutate._module("mocolab.models.named.x__catalogue__mutmut_2") == "mocolab.models.named"
+
+
+def test_a_kept_copy_is_refreshed_from_the_checkout_and_keeps_mutmuts_results(tmp_path):
+    """``--cache``: the copy's sources and tests are the checkout's again (a file gone from it is gone from the
+    copy), and mutmut's ``mutants/`` (its verdicts and hashes) stays, so the next run re-tests only what changed."""
+    target = mutate.TARGETS["code_fingerprint"]
+    root = mutate._scratch(tmp_path / "code_fingerprint", target, None)
+    verdicts = root / "mutants" / "src" / "mocolab" / "training" / "code_fingerprint.py.meta"
+    verdicts.parent.mkdir(parents=True)
+    verdicts.write_text('{"exit_code_by_key": {}}')
+    stale = root / "src" / "mocolab" / "gone_from_the_checkout.py"
+    stale.write_text("x = 1\n")
+    (root / "src" / "mocolab" / "training" / "code_fingerprint.py").write_text("# an older edit\n")
+    again = mutate._scratch(root, target, "fingerprint")
+    assert again == root and verdicts.read_text() == '{"exit_code_by_key": {}}'
+    assert not stale.exists()
+    assert (root / "src" / "mocolab" / "training" / "code_fingerprint.py").read_text().startswith('"""')
+    assert (root / "mutants" / "platform").resolve() == (root / "mutants" / "src").resolve()
+    assert "-k\n    (fingerprint)" in (root / "setup.cfg").read_text()
