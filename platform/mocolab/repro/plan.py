@@ -223,7 +223,8 @@ STUDIES: tuple[Study, ...] = (
 # shows what a borrowed arm may be paired with (one kind of machine gives the same numbers to the last digit)
 SAME_CONFIG: tuple[tuple[tuple[str, str], ...], ...] = (
     (("momentum-cpu-full", "0.999"), ("queue-cpu-full", "16384"), ("negatives-cpu-full", QUEUE_ARM)),
-    (("negatives-cpu-full", IN_BATCH), ("inbatch-cpu-full", IN_BATCH)),
+    (("negatives-cpu-full", IN_BATCH), ("inbatch-cpu-full", IN_BATCH), ("control-cpu-full", IN_BATCH)),
+    (("symmetric-cpu-full", SYMMETRIC), ("control-cpu-full", SYMMETRIC)),
 )
 
 
