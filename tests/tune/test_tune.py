@@ -446,9 +446,30 @@ def test_negatives_study_settings_are_valid_configs():
 
     got = {name: build_config("cpu-quick", ov) for name, ov in settings([0.5, 0.999]).items()}
     assert list(got) == ["in batch", "memory bank", "queue fifo m=0.5", "queue fifo m=0.999", "queue random m=0.999"]
-    for name, cfg in got.items():  # the report's label for a trial is the setting it was run as
-        assert negatives_setting(cfg.moco.negatives, cfg.queue.policy, cfg.moco.m) == name
     assert {c.optim.batch_size for c in got.values()} == {256} and got["memory bank"].bank_negatives == 16384
+    from mocolab.tune.studies.negatives import catalogue
+
+    every = {name: build_config("cpu-quick", ov) for name, ov in catalogue([0.5, 0.999]).items()}
+    assert {"queue fifo symmetric m=0.999", "batch keys m=0.5"} <= set(every) and set(got) <= set(every)
+    for name, cfg in every.items():  # the report's label for a trial is the setting it was run as
+        assert negatives_setting(cfg.moco.negatives, cfg.queue.policy, cfg.moco.m, cfg.moco.symmetric) == name
+
+
+def test_the_negatives_table_orders_every_setting_the_study_can_run():
+    """The control study's settings (batch keys, the symmetric queue, in batch) reach the table under their own
+    names, in-batch and bank first, then by source and m; a setting's runs are not pooled with another's."""
+    from mocolab.analysis.negatives_plots import negatives_table
+
+    rows = [("queue", "fifo", 0.999, "True"), ("batch_keys", "fifo", 0.999, "False"), ("in_batch", "fifo", 0.999, ""),
+            ("queue", "fifo", 0.999, "False"), ("batch_keys", "fifo", 0.99, "False"), ("queue", "random", 0.99, "")]
+    df = pd.DataFrame([{"params.moco.negatives": n, "params.queue.policy": p, "params.moco.m": m,
+                        "params.moco.symmetric": b, "status": "finished", "linear_top1": 0.8 + i / 100,
+                        "knn_top1": 0.7, "params.run.seed": 0, "final_loss": 6.0, "ema_half_life": 693.0,
+                        "max_staleness_bound": 64.0} for i, (n, p, m, b) in enumerate(rows)])
+    table = negatives_table(df)
+    assert list(table["setting"]) == ["in batch", "batch keys m=0.99", "batch keys m=0.999", "queue fifo m=0.999",
+                                      "queue fifo symmetric m=0.999", "queue random m=0.99"]
+    assert table.set_index("setting").loc["queue fifo symmetric m=0.999", "linear_top1_mean"] == pytest.approx(80.0)
 
 
 @pytest.mark.slow

@@ -20,32 +20,41 @@ if TYPE_CHECKING:
     from mocolab.tracking import Store
 
 
-def negatives_setting(negatives: Any, policy: Any, m: Any) -> str:
-    """A negatives-ablation trial's setting: its source, and for a queue the policy and m."""
+def negatives_setting(negatives: Any, policy: Any, m: Any, symmetric: Any = False) -> str:
+    """A negatives-ablation trial's setting, as the study names it (``tune/studies/negatives.py``'s catalogue):
+    its source; for a queue the policy, the symmetric loss and m; for the key encoder's batch keys m."""
     source = str(negatives) if isinstance(negatives, str) and negatives else "queue"  # no field: a queue
+    if source == "batch_keys":
+        return f"batch keys m={float(m):g}"
     if source != "queue":
         return source.replace("_", " ")
-    return f"queue {policy if isinstance(policy, str) and policy else 'fifo'} m={float(m):g}"
+    both = " symmetric" if str(symmetric).lower() == "true" else ""  # a param reads back as text
+    return f"queue {policy if isinstance(policy, str) and policy else 'fifo'}{both} m={float(m):g}"
+
+
+# the table's order: the sources without a stored dictionary, then the queues; within each, by m
+_SOURCE_ORDER = ("in batch", "memory bank", "batch keys", "queue fifo", "queue fifo symmetric", "queue random")
+
+
+def _setting_order(setting: str) -> tuple[int, float]:
+    name, _, m = setting.rpartition(" m=")
+    if not name:  # no m: in batch, memory bank
+        name, m = setting, "0"
+    return (_SOURCE_ORDER.index(name) if name in _SOURCE_ORDER else len(_SOURCE_ORDER)), float(m)
 
 
 def negatives_table(df: pd.DataFrame) -> pd.DataFrame:
     """The negatives ablation's summary: per setting (``negatives_setting``) as ``summarise`` gives it, with the
     dictionary's age (mean, max) and key drift at the end, in the order in-batch, bank, queue by policy and m."""
     col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
-    df = df.assign(**{"params.setting": [negatives_setting(n, p, m) for n, p, m in
-                                         zip(col("moco.negatives"), col("queue.policy"), df["params.moco.m"])]})
+    df = df.assign(**{"params.setting": [negatives_setting(n, p, m, b) for n, p, m, b in
+                                         zip(col("moco.negatives"), col("queue.policy"), df["params.moco.m"],
+                                             col("moco.symmetric"))]})
     table = summarise(df, "setting")
     for key in ("staleness_mean", "staleness_max", "drift_cos", "stored_cos"):
         means = df.groupby("params.setting")[key].mean() if key in df else {}
         table[key] = [means.get(s, math.nan) for s in table["setting"]]
-
-    def order(setting: str) -> tuple[int, float]:
-        fixed = {"in batch": 0, "memory bank": 1}
-        if setting in fixed:
-            return fixed[setting], 0.0
-        return (2 if "fifo" in setting else 3), float(setting.rsplit("=", 1)[-1])
-
-    table["_order"] = [order(s) for s in table["setting"]]
+    table["_order"] = [_setting_order(s) for s in table["setting"]]
     return table.sort_values("_order").drop(columns="_order").reset_index(drop=True)
 
 
@@ -61,7 +70,8 @@ def negatives_drift(store: Store, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[
     col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
     drift: dict[str, tuple[list, list]] = {}
     epochs = set()
-    for run_id, n, p, m in zip(df["run_id"], col("moco.negatives"), col("queue.policy"), df["params.moco.m"]):
+    for run_id, n, p, m, b in zip(df["run_id"], col("moco.negatives"), col("queue.policy"), df["params.moco.m"],
+                                  col("moco.symmetric")):
         names = store.json_artifacts(run_id, "negatives")
         if not names:
             continue
@@ -69,7 +79,7 @@ def negatives_drift(store: Store, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[
         epochs.add(int(name.rsplit("_", 1)[-1].split(".")[0]))
         probes = store.read_json(run_id, name).get("probes")
         if probes:
-            ages, cos = drift.setdefault(negatives_setting(n, p, m), ([], []))
+            ages, cos = drift.setdefault(negatives_setting(n, p, m, b), ([], []))
             ages.extend(probes["age"])
             cos.extend(probes["drift_cos"])
     table["drift_cos"] = [sum(drift[s][1]) / len(drift[s][1]) if drift.get(s, ([], []))[1] else
