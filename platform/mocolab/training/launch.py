@@ -237,7 +237,8 @@ def stopped_by_tune(session) -> bool:
     of the run: the sweep closes the run as it closes every trial stopped mid-epoch."""
     if session is None:
         return False
-    return session.stop_event.is_set() or tune_trial_session() is not session
+    event = getattr(session, "stop_event", None)  # never an error of its own on the error path it serves
+    return (event is not None and event.is_set()) or tune_trial_session() is not session
 
 
 def _reported(ended: Ended) -> TrainOutcome:
