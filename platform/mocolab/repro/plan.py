@@ -222,7 +222,8 @@ STUDIES: tuple[Study, ...] = (
 # recorded in results/runs.db field by field; the document sets their numbers side by side, seed by seed, which
 # shows what a borrowed arm may be paired with (one kind of machine gives the same numbers to the last digit)
 SAME_CONFIG: tuple[tuple[tuple[str, str], ...], ...] = (
-    (("momentum-cpu-full", "0.999"), ("queue-cpu-full", "16384"), ("negatives-cpu-full", QUEUE_ARM)),
+    (("momentum-cpu-full", "0.999"), ("queue-cpu-full", "16384"), ("negatives-cpu-full", QUEUE_ARM),
+     ("staleness-cpu-full", QUEUE_ARM)),
     (("negatives-cpu-full", IN_BATCH), ("inbatch-cpu-full", IN_BATCH), ("control-cpu-full", IN_BATCH)),
     (("symmetric-cpu-full", SYMMETRIC), ("control-cpu-full", SYMMETRIC)),
 )
