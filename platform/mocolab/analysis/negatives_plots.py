@@ -43,13 +43,17 @@ def _setting_order(setting: str) -> tuple[int, float]:
     return (_SOURCE_ORDER.index(name) if name in _SOURCE_ORDER else len(_SOURCE_ORDER)), float(m)
 
 
+def trial_settings(df: pd.DataFrame) -> list[str]:
+    """Each trial's setting (``negatives_setting``) from its params, in ``df``'s order."""
+    col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
+    return [negatives_setting(n, p, m, b) for n, p, m, b in
+            zip(col("moco.negatives"), col("queue.policy"), df["params.moco.m"], col("moco.symmetric"))]
+
+
 def negatives_table(df: pd.DataFrame) -> pd.DataFrame:
     """The negatives ablation's summary: per setting (``negatives_setting``) as ``summarise`` gives it, with the
     dictionary's age (mean, max) and key drift at the end, in the order in-batch, bank, queue by policy and m."""
-    col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
-    df = df.assign(**{"params.setting": [negatives_setting(n, p, m, b) for n, p, m, b in
-                                         zip(col("moco.negatives"), col("queue.policy"), df["params.moco.m"],
-                                             col("moco.symmetric"))]})
+    df = df.assign(**{"params.setting": trial_settings(df)})
     table = summarise(df, "setting")
     for key in ("staleness_mean", "staleness_max", "drift_cos", "stored_cos"):
         means = df.groupby("params.setting")[key].mean() if key in df else {}
@@ -67,11 +71,9 @@ def negatives_drift(store: Store, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[
     ``drift_cos`` in the table is that epoch's mean over the probes (the last epoch's is in MLflow).
     """
     table = negatives_table(df)
-    col = lambda key: df.get(f"params.{key}", pd.Series("", index=df.index))  # noqa: E731
     drift: dict[str, tuple[list, list]] = {}
     epochs = set()
-    for run_id, n, p, m, b in zip(df["run_id"], col("moco.negatives"), col("queue.policy"), df["params.moco.m"],
-                                  col("moco.symmetric")):
+    for run_id, setting in zip(df["run_id"], trial_settings(df)):
         names = store.json_artifacts(run_id, "negatives")
         if not names:
             continue
@@ -79,7 +81,7 @@ def negatives_drift(store: Store, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[
         epochs.add(int(name.rsplit("_", 1)[-1].split(".")[0]))
         probes = store.read_json(run_id, name).get("probes")
         if probes:
-            ages, cos = drift.setdefault(negatives_setting(n, p, m, b), ([], []))
+            ages, cos = drift.setdefault(setting, ([], []))
             ages.extend(probes["age"])
             cos.extend(probes["drift_cos"])
     table["drift_cos"] = [sum(drift[s][1]) / len(drift[s][1]) if drift.get(s, ([], []))[1] else
