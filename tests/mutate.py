@@ -183,37 +183,37 @@ def run(target: str, keep: Path | None, select: str | None = None, cache: Path |
     # The gloo tests' ranks come from a multiprocessing forkserver, which imports by PYTHONPATH alone (not the
     # sys.path mutmut sets in its own process): without it they would run the installed, unmutated package.
     env = {**os.environ, "PYTHONPATH": str(root / "mutants" / "src"), "CI": ""}
-    before = _survivors(root, mutmut, env) if (root / "mutants").is_dir() else []
+    before = [name for name, outcome in _outcomes(root, mutmut, env).items() if outcome in ALIVE] \
+        if (root / "mutants").is_dir() else []
     _scratch(root, TARGETS[target], select)
     start = time.monotonic()
     children = ["--max-children", str(os.cpu_count() or 1)]
     subprocess.run([mutmut, "run", *children], cwd=root, env=env, check=False)
     if before:  # an earlier run's survivors against today's tests (mutmut keeps a verdict while its code stands)
-        print(f"{target}: {len(before)} survivor(s) of the earlier run against the current tests")
+        print(f"{target}: {len(before)} survivor(s) of the earlier run against the current tests", flush=True)
         subprocess.run([mutmut, "run", *children, *before], cwd=root, env=env, check=False)
     minutes = (time.monotonic() - start) / 60
-    res = subprocess.run([mutmut, "results", "--all", "true"], cwd=root, env=env, capture_output=True, text=True)
     counts: dict[str, int] = {}
     by_module: dict[str, dict[str, int]] = {}
-    for line in res.stdout.splitlines():
-        m = re.match(r"\s*(\S+): (.+)$", line)
-        if m:
-            outcome = m.group(2).strip()
-            counts[outcome] = counts.get(outcome, 0) + 1
-            module = by_module.setdefault(_module(m.group(1)), {})
-            module[outcome] = module.get(outcome, 0) + 1
-            if outcome in ("survived", "timeout", "suspicious"):
-                print(f"{outcome}: {m.group(1)}")
+    for name, outcome in _outcomes(root, mutmut, env).items():
+        counts[outcome] = counts.get(outcome, 0) + 1
+        module = by_module.setdefault(_module(name), {})
+        module[outcome] = module.get(outcome, 0) + 1
+        if outcome in (*ALIVE, "suspicious"):
+            print(f"{outcome}: {name}")
     for module, outcomes in sorted(by_module.items()):
         print(f"  {module}: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     print(f"{target}: {counts} in {minutes:.1f} min (browse: cd {root} && {mutmut} browse)")
     return counts
 
 
-def _survivors(root: Path, mutmut: str, env: dict[str, str]) -> list[str]:
-    """The mutants a kept copy's last run left alive (survived, or timed out)."""
-    res = subprocess.run([mutmut, "results"], cwd=root, env=env, capture_output=True, text=True)
-    return [m.group(1) for m in re.finditer(r"^\s*(\S+): (?:survived|timeout)\s*$", res.stdout, re.M)]
+ALIVE = ("survived", "timeout")  # what no test killed: printed, and run again by a later run of a kept copy
+
+
+def _outcomes(root: Path, mutmut: str, env: dict[str, str]) -> dict[str, str]:
+    """Each mutant of the copy at ``root`` by its outcome (``mutmut results --all true``: killed ones too)."""
+    res = subprocess.run([mutmut, "results", "--all", "true"], cwd=root, env=env, capture_output=True, text=True)
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s*(\S+): (.+)$", res.stdout, re.M)}
 
 
 def _module(mutant: str) -> str:
