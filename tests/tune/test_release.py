@@ -128,7 +128,7 @@ def test_a_stopped_trials_workers_keep_their_group_until_the_trial_has_ended(ray
     left, left_pg, _ = trial_with_group("left")
     for trial, pg in ((stopped, stopped_pg), (done, done_pg), (left, left_pg)):
         cb.on_trial_result(0, [], trial, {PG_KEY: pg.id.hex()})
-    cb.on_trial_result(0, [], done, {"final": 1.0})
+    done.update_last_result({"final": 1.0})  # the trial function's last report, as Tune records it
     for trial in (stopped, done, left):
         cb.on_trial_complete(0, [], trial)
     assert removed(done_pg), "a trial whose function returned kept its workers' group"

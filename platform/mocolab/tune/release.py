@@ -96,19 +96,15 @@ class ReleaseEndedTrials(Callback):
 
     def __init__(self, say=print) -> None:
         self.groups: dict[str, str] = {}  # trial id -> its workers' group, while the trial runs
-        self.returned: set[str] = set()  # trials whose function reported its final result
         self.waiting: dict[str, tuple[str, str]] = {}  # trial id -> (group, its actor), until that actor is dead
         self.say = say
 
     def __getstate__(self) -> dict:  # Tune saves its callbacks with the experiment state
-        return {"groups": dict(self.groups), "returned": set(self.returned), "waiting": dict(self.waiting),
-                "say": print}
+        return {"groups": dict(self.groups), "waiting": dict(self.waiting), "say": print}
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if result.get(PG_KEY):
             self.groups[trial.trial_id] = result[PG_KEY]
-        if result.get("final"):
-            self.returned.add(trial.trial_id)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ended(trial)
@@ -135,8 +131,8 @@ class ReleaseEndedTrials(Callback):
 
     def _ended(self, trial) -> None:
         pg = self.groups.pop(trial.trial_id, None)
-        returned = trial.trial_id in self.returned
-        self.returned.discard(trial.trial_id)
+        # its function reported its final result (Tune keeps the last; the property would ask the actor)
+        returned = bool(trial.run_metadata.last_result.get("final"))
         actor = trial.temporary_state.ray_actor  # Tune stops it after its callbacks
         if pg and not returned and actor is not None:
             self.waiting[trial.trial_id] = (pg, actor._actor_id.hex())
