@@ -119,6 +119,22 @@ def _seed_and_threads():
 
 
 @pytest.fixture(autouse=True)
+def _stays_in_its_folder():
+    """A test ends in the folder it started in. Code that moves its process (Tune's trainable goes into its
+    trial's folder) would leave every later test on this worker in a folder pytest deletes: they then fail
+    far from the cause, on ``os.getcwd()`` or a subprocess that cannot load torch."""
+    before = os.getcwd()
+    yield
+    try:
+        after = os.getcwd()
+    except FileNotFoundError:
+        after = "a deleted folder"
+    if after != before:
+        os.chdir(before)
+        pytest.fail(f"the test left its process in {after}, not {before}: use monkeypatch.chdir")
+
+
+@pytest.fixture(autouse=True)
 def _mocolab_caches_empty_for_mutmut():
     """Under make mutate's stats run (tests/mutate.py: mutmut's MUTANT_UNDER_TEST is "stats") each test starts
     with mocolab's function caches empty: mutmut credits a test with the functions it calls, and a cached call

@@ -8,6 +8,7 @@ class name, is started by an actor that is then killed, as Tune kills a stopped 
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_cleaner_whose_controller_died_is_ended_with_the_sweep_and_a_live_one_
 
 
 @pytest.mark.slow
-def test_a_trial_that_tune_stops_is_told_apart_from_one_that_fails(ray_session, tmp_path):
+def test_a_trial_that_tune_stops_is_told_apart_from_one_that_fails(ray_session, tmp_path, monkeypatch):
     """ASHA's stop ends the trial's session, then Tune removes the trial's placement group and with it the Train
     controller that ``fit`` waits on: the error that follows must leave the run for the sweep to close as
     stopped early, not mark it failed (training/launch.py). Here Tune's own trainable is stopped as Tune stops a
@@ -85,6 +86,9 @@ def test_a_trial_that_tune_stops_is_told_apart_from_one_that_fails(ray_session, 
         tune.report({"epoch": 1})
         time.sleep(30)  # still inside fit when Tune stops the trial
 
+    # Tune's trainable moves its process into the trial's folder, which pytest deletes later: this test's
+    # process goes back to where it stood, or every later test on its worker runs in a deleted folder
+    monkeypatch.chdir(os.getcwd())
     storage = StorageContext(storage_path=str(tmp_path), experiment_dir_name="sweep", trial_dir_name="trial")
     trainable = wrap_function(trial)(config={}, storage=storage)
     assert trainable.train()["epoch"] == 1
