@@ -16,7 +16,7 @@ from mocolab.analysis.verdicts import (EQUAL, FAILS, GREATER, INCONCLUSIVE, NOT_
                                        REPRODUCED, REVERSED, judge)
 from mocolab.repro import claims
 from mocolab.repro.document import write
-from mocolab.repro.judging import judge_claim, judge_study
+from mocolab.repro.judging import claim_lines, claim_table, judge_claim, judge_study
 from mocolab.repro.plan import study
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -197,6 +197,19 @@ def test_a_momentum_claim_needs_five_half_lives_of_the_larger_m_and_a_budget_bel
     assert plain.met is False and "provisional" in plain.line
     _, _, _, plain = judge_study(m, frame, 3_465)
     assert plain.met is True
+
+
+def test_a_verdict_on_fewer_seeds_than_its_study_plans_is_marked_interim():
+    m = study("momentum-cpu-full")
+    claim = next(c for c in claims.MOMENTUM.claims if c.pairs == (("0.999", "0.99"),))
+    for n in (3, m.seeds):
+        frame = _rows(m.name, {"0.99": _seeded(0.03, 0.001, 0, n), "0.999": _seeded(0.02, 0.001, 1, n)})
+        _, judged, _, plain = judge_study(m, frame, 3_465)
+        (line,) = [x for x in claim_lines(judged, plain, planned=m.seeds) if x.startswith(f"- *{claim.words}")]
+        assert "**reversed**" in line
+        assert (f"interim: {n} of {m.seeds} seeds" in line) == (n < m.seeds)
+        (row,) = [x for x in claim_table(judged, 3_465, plain, planned=m.seeds) if x.startswith("| 0.999 > 0.99 (")]
+        assert (f"interim: {n} of {m.seeds} seeds" in row) == (n < m.seeds)
 
 
 def test_a_momentum_claim_not_testable_at_one_budget_points_to_the_study_whose_budget_tested_it(tmp_path):

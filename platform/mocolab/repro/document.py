@@ -288,7 +288,8 @@ def momentum_section(study: Study, frame: pd.DataFrame, fig_dir: Path, fig_rel: 
     contrasts = judge_contrasts(study, frame, steps)
     span = _span(study, frame, bound, steps)
     registration = Registration(rules_hash(study, steps), frame)
-    lines = [*claim_lines(claims, plain, elsewhere, span), *contrast_lines(contrasts, plain, span),
+    lines = [*claim_lines(claims, plain, elsewhere, span, planned=study.seeds),
+             *contrast_lines(contrasts, plain, span, planned=study.seeds),
              rules_line(study, registration, [*claims, *baselines], contrasts)]
     figure = _momentum_figure(frame, arms, fig_dir / f"{study.name}.png", history)
     text = "\n".join([
@@ -348,11 +349,13 @@ def _verdict_block(study: Study, frame: pd.DataFrame, claims, baselines, steps: 
     """The claims' verdicts, whether their rules came before their runs, their table, the baseline checks and
     the budget's bar: a study section's end."""
     registration = Registration(rules_hash(study, steps), frame)
-    table = claim_table(claims, steps, plain, contrasts=contrasts, span=span, registration=registration)
-    secondary = secondary_table(judge_secondary(claims, study, frame, steps), steps, plain)
-    base = claim_table(baselines, steps, plain, baseline=True, registration=registration)
+    table = claim_table(claims, steps, plain, contrasts=contrasts, span=span, registration=registration,
+                        planned=study.seeds)
+    secondary = secondary_table(judge_secondary(claims, study, frame, steps), steps, plain, planned=study.seeds)
+    base = claim_table(baselines, steps, plain, baseline=True, registration=registration, planned=study.seeds)
     return [
-        *([*claim_lines(claims, plain, elsewhere, span), *contrast_lines(contrasts, plain, span)]
+        *([*claim_lines(claims, plain, elsewhere, span, planned=study.seeds),
+           *contrast_lines(contrasts, plain, span, planned=study.seeds)]
           or ["- The paper states no claim this study tests; the tables are the finding."]),
         rules_line(study, registration, [*claims, *baselines], contrasts),
         "",

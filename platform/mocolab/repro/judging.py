@@ -115,7 +115,7 @@ def judge_secondary(claims: Sequence[tuple[Claim, list[tuple[tuple[str, str], Ju
 
 
 def secondary_table(judged: Sequence[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], steps: int,
-                    plain: Plain) -> list[str]:
+                    plain: Plain, *, planned: int = 0) -> list[str]:
     """The secondary metrics' rows: each comparison, its test, its detectable effect and what its rule would
     read (marked secondary: the claim's verdict is its primary metric's)."""
     if not judged:
@@ -129,7 +129,7 @@ def secondary_table(judged: Sequence[tuple[Claim, list[tuple[tuple[str, str], Ju
             c = j.comparison
             out.append(f"| {a} {KIND_WORD[claim.kind]} {b} | {METRIC_WORD[claim.metric]} | {c.n} | "
                        f"{diff_points(c)} | {fmt_p(c.p_holm)} | {fmt_p(j.p_equivalence)} | {_pts(j.detectable)} | "
-                       f"{verdict_text(j, plain, control=claim.control)} |")
+                       f"{verdict_text(j, plain, control=claim.control, planned=planned)} |")
     return out
 
 
@@ -221,7 +221,10 @@ def bound_text(j: Judged, paper: float = math.nan, span: float | None = None, un
 
 
 def verdict_text(j: Judged, plain: Plain, baseline: bool = False, control: bool = False, *,
-                 paper: float = math.nan, span: float | None = None, unit: str = "points") -> str:
+                 paper: float = math.nan, span: float | None = None, unit: str = "points",
+                 planned: int = 0) -> str:
+    """The verdict's words and its notes. ``planned``: the seeds the study plans; a verdict judged on fewer says
+    so ("interim"), since the seeds still to come can change it."""
     word = (BASELINE_WORDS.get(j.verdict, j.verdict) if baseline
             else CONTROL_WORDS.get(j.verdict, j.verdict) if control else j.verdict)
     if control and j.verdict == NOT_REPRODUCED:
@@ -229,6 +232,8 @@ def verdict_text(j: Judged, plain: Plain, baseline: bool = False, control: bool 
     if j.verdict in (NOT_YET, NOT_TESTABLE):
         return f"**{word}**"
     notes = [] if plain.met else ["provisional"]
+    if 0 < j.comparison.n < planned:
+        notes.append(f"interim: {j.comparison.n} of {planned} seeds")
     if j.verdict == NOT_REPRODUCED and not (baseline or control) and (bound := bound_text(j, paper, span, unit)):
         notes.append(bound)
     return f"**{word}**" + (f" ({'; '.join(notes)})" if notes else "")
@@ -264,7 +269,7 @@ def _judged(j: Judged) -> bool:
 
 def claim_table(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], steps: int, plain: Plain,
                 baseline: bool = False, *, contrasts: Sequence[JudgedContrast] = (), span: float | None = None,
-                registration: Registration | None = None) -> list[str]:
+                registration: Registration | None = None, planned: int = 0) -> list[str]:
     """One row per comparison (and per contrast): its family, the test, the no-effect test, the detectable
     effect, the budget, the verdict and whether the runs it judges carry the hash of the rules that judge it."""
     if not any(rows for _, rows in judged) and not contrasts:
@@ -280,13 +285,15 @@ def claim_table(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
         for (a, b), j in rows:
             c = j.comparison
             family = "baseline checks" if baseline else claim.words
-            text = verdict_text(j, plain, baseline, claim.control, paper=claim.paper_effect((a, b)), span=span)
+            text = verdict_text(j, plain, baseline, claim.control, paper=claim.paper_effect((a, b)), span=span,
+                                planned=planned)
             out.append(f"| {a} {KIND_WORD[claim.kind]} {b} ({METRIC_WORD[claim.metric]}) | {family} "
                        f"({_family(j)}) | {c.n} | {diff_points(c)} | {fmt_p(c.p_holm)} | {fmt_p(j.p_equivalence)} | "
                        f"{_pts(j.detectable)} | {_budget(claim.steps((a, b)), steps)} | {text} | {rules((a, b), j)} |")
     for jc in contrasts:
         j, c = jc.judged, jc.judged.comparison
-        text = verdict_text(j, plain, paper=jc.contrast.paper, span=span, unit=contrast_unit(jc.contrast))
+        text = verdict_text(j, plain, paper=jc.contrast.paper, span=span, unit=contrast_unit(jc.contrast),
+                            planned=planned)
         out.append(f"| {contrast_name(jc)} ({METRIC_WORD[jc.contrast.metric]}) | {jc.contrast.words} (its own, "
                    f"{_family(j)}) | {c.n} | {diff_points(c)} | {fmt_p(c.p_holm)} | {fmt_p(j.p_equivalence)} | "
                    f"{_pts(j.detectable)} | {_budget(jc.contrast.steps(jc.arms), steps)} | {text} | "
@@ -319,7 +326,8 @@ def _margin(margin: float, unit: str) -> str:
     return f"{points} {unit if points != '1' else unit.replace('points', 'point')}"
 
 
-def contrast_lines(contrasts: Sequence[JudgedContrast], plain: Plain, span: float | None = None) -> list[str]:
+def contrast_lines(contrasts: Sequence[JudgedContrast], plain: Plain, span: float | None = None, *,
+                   planned: int = 0) -> list[str]:
     """One line per contrast: the primary test of its claim (the claim's pairwise comparisons are secondary)."""
     out = []
     for jc in contrasts:
@@ -330,12 +338,13 @@ def contrast_lines(contrasts: Sequence[JudgedContrast], plain: Plain, span: floa
         out.append(f"- *{c.words}* ({METRIC_WORD[c.metric]}, the claim's primary test: a per-seed linear contrast "
                    f"over {', '.join(f'`{a}`' for a in jc.arms)}, margin {_margin(jc.margin, unit)}, {family}): "
                    f"{diff_points(j.comparison)} {unit}: "
-                   f"{verdict_text(j, plain, paper=c.paper, span=span, unit=unit)}.")
+                   f"{verdict_text(j, plain, paper=c.paper, span=span, unit=unit, planned=planned)}.")
     return out
 
 
 def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]], plain: Plain,
-                elsewhere: Mapping[str, str] | None = None, span: float | None = None) -> list[str]:
+                elsewhere: Mapping[str, str] | None = None, span: float | None = None, *,
+                planned: int = 0) -> list[str]:
     """One line per claim: its words, the paper's kind and margin, and each comparison's verdict; a claim
     not testable at this budget adds what another study at a budget that can test it found (``elsewhere``:
     claim words -> that study's words, ``tested_at``)."""
@@ -344,7 +353,8 @@ def claim_lines(judged: list[tuple[Claim, list[tuple[tuple[str, str], Judged]]]]
         if not rows:
             continue
         parts = [f"`{a}` {KIND_WORD[claim.kind]} `{b}`: "
-                 f"{verdict_text(j, plain, control=claim.control, paper=claim.paper_effect((a, b)), span=span)}"
+                 + verdict_text(j, plain, control=claim.control, paper=claim.paper_effect((a, b)), span=span,
+                                planned=planned)
                  for (a, b), j in rows]
         size = max(j.family_size for _, j in rows)
         untestable = all(j.verdict == NOT_TESTABLE for _, j in rows)
@@ -392,7 +402,8 @@ def tested_at(study: Study, judged: list[tuple[Claim, list[tuple[tuple[str, str]
         if rows:
             out[claim.words] = (f"At {steps:,} steps (`{study.name}`): " + "; ".join(
                 f"`{a}` {KIND_WORD[claim.kind]} `{b}`: "
-                f"{verdict_text(j, plain, control=claim.control, paper=claim.paper_effect((a, b)))}"
+                + verdict_text(j, plain, control=claim.control, paper=claim.paper_effect((a, b)),
+                               planned=study.seeds)
                 for (a, b), j in rows) + ".")
     return out
 
@@ -441,7 +452,9 @@ RULES = [
     f"start; a claim whose arms share one key-encoder m is **{NOT_TESTABLE}** below {SHARED_HALF_LIVES} "
     "half-life of it, where the key encoder is more its random start than trained. *Learning is plain*: one bar "
     "per budget, read from one named arm (`repro/claims.py`'s `PLAIN_BARS`) and stated once, so identical runs "
-    "get one answer in every study; a study whose budget does not clear it marks its verdicts provisional.",
+    "get one answer in every study; a study whose budget does not clear it marks its verdicts provisional. A "
+    "verdict judged on fewer seeds than its study plans says *interim: n of N seeds*: the seeds still to come "
+    "can change it.",
     "",
     "Rules before runs, checked: each study's rules (its arms, claims, primary metrics, margins, the steps each "
     "comparison needs and whether the budget has them, the contrasts, the bar and its arm, the borrowed arms and "
