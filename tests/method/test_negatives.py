@@ -74,6 +74,46 @@ def test_memory_bank_draws_the_same_negatives_on_every_replica_and_after_a_resum
     assert not torch.equal(MemoryBank(100, 4, 8, seed=2).sample(), MemoryBank(100, 4, 8, seed=1).sample())
 
 
+def _bank_model(dtype: torch.dtype | None = None):
+    from mocolab.method.negative_sources import MemoryBankContrast
+    from mocolab.models.backbones import build_encoder
+
+    torch.manual_seed(0)
+    return MemoryBankContrast(build_encoder("convnet", 1, width=4, head="mlp", dim=8), MemoryBank(20, 8, 5, 0.5),
+                              tau=TAU, encoder_dtype=dtype)
+
+
+def test_memory_bank_forward_scores_the_encoder_s_unit_features_then_writes_them():
+    """moco.negatives=memory_bank: one view through the encoder, each row normalised, the bank's NCE of it
+    (the negatives drawn as the bank draws them), then those features written into the batch's entries."""
+    model = _bank_model()
+    x = torch.randn(4, 1, 12, 12, generator=torch.Generator().manual_seed(5))
+    index = torch.tensor([3, 7, 0, 19])
+    before = MemoryBank(20, 8, 5, 0.5)
+    before.load_state_dict(model.bank.state_dict())  # its entries and its sampler's state
+    out = model(x, x.flip(-1), index)
+    with torch.no_grad():
+        q = F.normalize(model.encoder_q(x), dim=1)
+        expected, correct = before.contrast(q, index, TAU)
+    torch.testing.assert_close(out.loss.detach(), expected)
+    assert torch.equal(out.correct, correct) and torch.equal(out.written, index) and int(model.step) == 1
+    torch.testing.assert_close(out.keys, q)
+    before.update(q, index, step=0)
+    torch.testing.assert_close(model.bank.entries, before.entries)
+    assert model.bank.write_step[index].tolist() == [0] * 4
+    with pytest.raises(ValueError, match=r"^moco.negatives=memory_bank needs each image's index in the training "
+                                         r"set$"):
+        model(x, x)
+
+
+def test_memory_bank_forward_runs_its_encoder_in_the_run_s_precision():
+    model = _bank_model(torch.bfloat16)
+    seen = []
+    model.encoder_q.register_forward_hook(lambda module, args, output: seen.append(output.dtype))
+    out = model(torch.randn(4, 1, 12, 12), torch.randn(4, 1, 12, 12), torch.arange(4))
+    assert seen == [torch.bfloat16] and out.keys.dtype == torch.float32  # scored in float32 all the same
+
+
 def _nt_xent_direct(z1: torch.Tensor, z2: torch.Tensor, tau: float) -> torch.Tensor:
     """NT-Xent written out: every one of the 2N views against the other 2N − 1, the positive its pair."""
     z = torch.cat([z1, z2])

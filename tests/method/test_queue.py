@@ -92,12 +92,16 @@ def test_random_replacement_is_reproducible_and_resumes_from_its_state_dict():
     assert torch.equal(a.keys, b.keys) and torch.equal(a.write_step, b.write_step)
 
 
-def test_a_fifo_queue_loads_a_checkpoint_from_before_source_existed():
-    old = KeyQueue(size=8, dim=2, batch_size=4)
+@pytest.mark.parametrize("policy", ["fifo", "random"])
+def test_a_queue_loads_a_checkpoint_from_before_source_and_its_extra_state_existed(policy):
+    old = KeyQueue(size=8, dim=2, batch_size=4, policy=policy)
     state = {k: v for k, v in old.state_dict().items() if k not in ("source", "_extra_state")}
-    new = KeyQueue(size=8, dim=2, batch_size=4)
-    new.load_state_dict(state)
+    new = KeyQueue(size=8, dim=2, batch_size=4, policy=policy, seed=5)
+    draws = new.slot_generator.get_state() if policy == "random" else None
+    new.load_state_dict(state)  # strict: the missing entries are filled in, not reported missing
     assert new.source.tolist() == [-1] * 8
+    if policy == "random":  # no generator state saved: its own stream goes on
+        assert torch.equal(new.slot_generator.get_state(), draws)
 
 
 def test_unknown_policy_is_refused():
