@@ -250,6 +250,40 @@ def test_sharded_size_must_be_multiple_of_global_batch(size, b, world):
         ShardedKeyQueue(size, 3, b, rank=0, world_size=world)
 
 
+@pytest.mark.parametrize("rank, world, b, size, refused", [
+    (0, 1, 1, 1, None), (1, 2, 1, 2, None), (0, 2, 4, 8, None),  # the smallest legal cases
+    (0, 0, 4, 8, r"^rank 0 / world size 0 are inconsistent$"), (2, 2, 4, 8, r"^rank 2 / world size 2 "),
+    (-1, 2, 4, 8, r"^rank -1 / world size 2 "), (0, 2, 0, 8, r"^per-rank batch: 0 must be > 0$"),
+    (0, 2, -1, 8, r"^per-rank batch: -1 "), (0, 1, 1, 0, r"^queue.size: 0 must be a positive multiple of world "
+                                                        r"size × per-rank batch = 1×1 = 1 for the sharded layout$")])
+def test_a_sharded_queue_takes_any_consistent_rank_batch_and_size_and_names_what_is_not(rank, world, b, size,
+                                                                                          refused):
+    if refused:
+        with pytest.raises(ValueError, match=refused):
+            ShardedKeyQueue(size, 3, b, rank=rank, world_size=world)
+        return
+    q = ShardedKeyQueue(size, 3, b, rank=rank, world_size=world)
+    # every queue's names (docs/ARCHITECTURE.md): K, the per-rank B, W, B·W, the keys held here, K/W
+    assert (q.size, q.batch_size, q.world_size, q.global_batch, q.slots) == (size, b, world, b * world, size // world)
+    assert type(q.shard_size) is int and q.shard_size == size // world == q.keys.shape[0]
+
+
+def test_a_sharded_queue_draws_its_keys_from_its_generator_only():
+    """The base class's throwaway keys come from a generator of their own: building a queue leaves the process's
+    random stream (the encoders' initialisation, the data order) where it was, as the replicated queue does."""
+    torch.manual_seed(0)
+    ShardedKeyQueue(16, 3, 2, torch.Generator().manual_seed(5), rank=1, world_size=2)
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(3))
+
+
+def test_a_sharded_queue_refuses_a_batch_other_than_its_own():
+    q = ShardedKeyQueue(16, 3, 2, rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"^contrast got 3 queries; the queue was built for batches of 2$"):
+        q.contrast(torch.randn(3, 3), torch.randn(3, 1), 0.2)
+
+
 def test_sharded_init_is_slice_of_replicated_init():
     b, world, k, c = 2, 3, 12, 4
     full = KeyQueue(k, c, b * world, generator=torch.Generator().manual_seed(5)).keys

@@ -64,6 +64,22 @@ def test_memory_bank_update_moves_the_batch_entries_by_the_proximal_rule_and_no_
     assert bank.ages(9).tolist() == [2.0, 2.0]  # written entries only: the random init is no negative's age
 
 
+@pytest.mark.parametrize("size, k, a, refused", [
+    (2, 1, 0.0, None), (2, 1, 0.999, None),  # the smallest bank, one negative, the momentum's both ends
+    (1, 1, 0.5, r"^memory bank: 1 entries; it needs the training set \(>= 2 images\)$"),
+    (2, 0, 0.5, r"^bank.negatives: 0 must be >= 1$"),
+    (2, 1, 1.0, r"^bank.momentum: 1.0 is out of range; allowed \[0, 1\)$"), (2, 1, -0.1, r"^bank.momentum: -0.1 ")])
+def test_a_memory_bank_takes_its_whole_range_and_names_what_is_outside(size, k, a, refused):
+    if refused:
+        with pytest.raises(ValueError, match=refused):
+            MemoryBank(size, 4, k, a)
+        return
+    bank = MemoryBank(size, 4, k, a)
+    # random unit entries, none written yet (their age is no negative's), whole write steps
+    torch.testing.assert_close(bank.entries.norm(dim=1), torch.ones(size))
+    assert bank.write_step.dtype == torch.long and bank.write_step.tolist() == [-1] * size
+
+
 def test_memory_bank_draws_the_same_negatives_on_every_replica_and_after_a_resume():
     a, b = MemoryBank(100, 4, 8, seed=1), MemoryBank(100, 4, 8, seed=1)
     assert torch.equal(a.sample(), b.sample())
@@ -72,6 +88,7 @@ def test_memory_bank_draws_the_same_negatives_on_every_replica_and_after_a_resum
     c.load_state_dict(a.state_dict())
     assert torch.equal(a.sample(), c.sample())
     assert not torch.equal(MemoryBank(100, 4, 8, seed=2).sample(), MemoryBank(100, 4, 8, seed=1).sample())
+    assert torch.equal(MemoryBank(100, 4, 8).sample(), MemoryBank(100, 4, 8, seed=0).sample())  # seed 0 unless told
 
 
 def _bank_model(dtype: torch.dtype | None = None):
