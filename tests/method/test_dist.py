@@ -16,7 +16,7 @@ from gloo_launch import launch
 from torch import nn
 
 from mocolab.method.shuffle import CrossRankShuffle, build_shuffler
-from mocolab.method.queue_layouts import ShardedKeyQueue, build_queue, gather_queue_state
+from mocolab.method.queue_layouts import ReplicatedKeyQueue, ShardedKeyQueue, build_queue, gather_queue_state
 from mocolab.method.collectives import rank_and_world
 from mocolab.method.shuffle import LocalShuffle, NoShuffle
 from mocolab.method.key_queue import KeyQueue
@@ -282,6 +282,23 @@ def test_a_sharded_queue_refuses_a_batch_other_than_its_own():
     q = ShardedKeyQueue(16, 3, 2, rank=0, world_size=2)
     with pytest.raises(ValueError, match=r"^contrast got 3 queries; the queue was built for batches of 2$"):
         q.contrast(torch.randn(3, 3), torch.randn(3, 1), 0.2)
+
+
+@pytest.mark.parametrize("policy, seed", [(None, None), ("fifo", 3), ("random", 3), ("random", None)])
+def test_a_replicated_queue_on_one_process_is_the_plain_queue(policy, seed):
+    """Its world size read from the process group (1 here) unless given, the policy and seed passed on (FIFO and
+    seed 0 by default), and the batch's images recorded with its keys."""
+    told = {k: v for k, v in (("policy", policy), ("seed", seed)) if v is not None}
+    plain, replicated = KeyQueue(16, 3, 4, **told), ReplicatedKeyQueue(16, 3, 4, **told)
+    assert replicated.world_size == 1 and replicated.global_batch == 4
+    g = torch.Generator().manual_seed(1)
+    for step in range(7):  # past the ring's end: random replacement draws its slots from here on
+        keys, index = torch.randn(4, 3, generator=g), torch.arange(4 * step, 4 * step + 4)
+        assert torch.equal(replicated.enqueue(keys, step, index), plain.enqueue(keys, step, index))
+    for name in ("keys", "write_step", "source"):
+        assert torch.equal(getattr(replicated, name), getattr(plain, name)), name
+    assert replicated.source.min() >= 0  # every slot's image known
+    assert ReplicatedKeyQueue(16, 3, 2, world_size=2).global_batch == 4  # a world size given is used
 
 
 def test_sharded_init_is_slice_of_replicated_init():

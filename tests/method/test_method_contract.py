@@ -190,6 +190,38 @@ def test_keys_in_bf16_on_one_process():
     assert math.isfinite(float(out.loss.detach())) and out.keys.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_every_method_runs_its_encoders_in_the_run_s_precision(name):
+    """run.precision=bf16: every convolution and linear layer of a step (query and key encoders, heads,
+    predictors) computes under the encoders' autocast; the loss is still taken in float32."""
+    cfg = _config(name)
+    torch.manual_seed(0)
+    parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B,
+                        encoder_dtype=torch.bfloat16, labels=torch.arange(cfg.train_size) % CLASSES, classes=CLASSES)
+    method = build_method(cfg, parts).train()
+    seen = []
+    for module in method.modules():
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            module.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    out = method(*_batch())
+    assert seen and set(seen) == {torch.bfloat16}, f"{name}: layers outside the autocast ({len(seen)} calls)"
+    assert out.loss.dtype == torch.float32
+
+
+def test_the_memory_bank_takes_its_momentum_and_its_draws_from_the_config():
+    def bank(seed: int, momentum: float):
+        cfg = build_config("smoke", {**TINY, "moco.negatives": "memory_bank", "bank.momentum": momentum,
+                                     "run.seed": seed})
+        return build_method(cfg, MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")),
+                                             cfg.train_size, B)).bank
+
+    first, again, other = bank(0, 0.7), bank(0, 0.3), bank(1, 0.7)
+    assert (first.momentum, again.momentum) == (0.7, 0.3)
+    assert torch.equal(first.sample(), again.sample())  # the negatives drawn: the run's seed's
+    assert not torch.equal(bank(1, 0.7).sample(), bank(0, 0.7).sample())
+    assert other.sampler.initial_seed() != first.sampler.initial_seed()
+
+
 def test_shuffle_bn_draws_its_permutations_from_the_run_seed_s_shuffle_stream():
     """Every rank builds the same generator from the config (so no permutation is broadcast), seeded by the
     run's seed through the "shuffle" stream (method/rng.py): another seed shuffles otherwise."""

@@ -53,6 +53,17 @@ def test_wrong_batch_enqueue():
         q.enqueue(torch.randn(3, 2), 0)
 
 
+def test_a_contrast_reads_the_keys_its_snapshot_took_and_refuses_them_once_overwritten():
+    q = KeyQueue(size=8, dim=2, batch_size=4)
+    query, l_pos = torch.nn.functional.normalize(torch.randn(4, 2), dim=1), torch.randn(4, 1)
+    taken = q.snapshot()
+    before = q.contrast(query, l_pos, 0.2, negatives=taken)
+    q.enqueue(torch.randn(4, 2), 0)
+    with pytest.raises(RuntimeError, match="written after its snapshot: contrast must run before enqueue"):
+        q.contrast(query, l_pos, 0.2, negatives=taken)
+    assert not torch.equal(q.contrast(query, l_pos, 0.2)[0], before[0])  # the keys as they are now
+
+
 def test_state_dict_carries_queue():
     q = KeyQueue(size=8, dim=2, batch_size=4)
     q.enqueue(torch.ones(4, 2), 7)
