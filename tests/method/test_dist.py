@@ -87,6 +87,12 @@ def _both_layouts(rank: int, world: int, b: int, k: int) -> dict:
     return {layout: _train_layout(rank, world, layout, b, k) for layout in ("replicated", "sharded")}
 
 
+def _random_replicated_queue(rank: int, world: int, seed: int) -> dict:
+    q = build_queue("replicated", 16, DIM, 2, policy="random", seed=seed)
+    return {"type": type(q).__name__, "policy": q.policy, "world": q.world_size,
+            "draws": q.slot_generator.initial_seed()}
+
+
 def _ground_truth(g: int, k: int) -> dict:
     """One process, one KeyQueue, the whole global batch: what both layouts must reproduce."""
     model, key_encoder = _make_model(), _make_model()
@@ -311,9 +317,20 @@ def test_sharded_init_is_slice_of_replicated_init():
             assert torch.equal(s[n * b:(n + 1) * b], full[n * b * world + r * b:n * b * world + (r + 1) * b])
 
 
+def test_replicated_random_replacement_on_two_ranks_keeps_the_policy_and_the_run_s_seed(tmp_path):
+    """queue.policy=random with several ranks: every rank's replicated queue draws its slots from the one stream
+    the run's seed names, as a one-process queue of that seed does."""
+    alone = KeyQueue(16, DIM, 4, policy="random", seed=3).slot_generator.initial_seed()
+    for r in launch(_random_replicated_queue, 2, tmp_path, 3):
+        assert r == {"type": "ReplicatedKeyQueue", "policy": "random", "world": 2, "draws": alone}
+
+
 def test_unknown_layout_and_bn_mode():
-    with pytest.raises(ValueError, match="queue.layout"):
+    with pytest.raises(ValueError, match=r"^queue.layout: unknown layout 'striped'; allowed replicated, sharded$"):
         build_queue("striped", 16, 4, 4)
+    # one process: the default seed is the run's default, 0
+    assert build_queue("replicated", 16, 4, 4, policy="random").slot_generator.initial_seed() == \
+        KeyQueue(16, 4, 4, policy="random", seed=0).slot_generator.initial_seed()
     with pytest.raises(ValueError, match="moco.bn"):
         build_shuffler("ghost")
 
