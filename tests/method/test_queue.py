@@ -59,9 +59,24 @@ def test_a_contrast_reads_the_keys_its_snapshot_took_and_refuses_them_once_overw
     taken = q.snapshot()
     before = q.contrast(query, l_pos, 0.2, negatives=taken)
     q.enqueue(torch.randn(4, 2), 0)
-    with pytest.raises(RuntimeError, match="written after its snapshot: contrast must run before enqueue"):
+    with pytest.raises(RuntimeError, match=r"^the queue was written after its snapshot: contrast must run before "
+                                           r"enqueue$"):
         q.contrast(query, l_pos, 0.2, negatives=taken)
     assert not torch.equal(q.contrast(query, l_pos, 0.2)[0], before[0])  # the keys as they are now
+
+
+def test_random_replacement_fills_the_ring_in_order_before_it_draws_slots():
+    """queue.policy=random: the random initial keys are replaced in FIFO order first (every slot once), and only
+    then do the keys overwrite slots drawn at random, B distinct ones a step."""
+    q = KeyQueue(size=16, dim=2, batch_size=4, policy="random", seed=1)
+    for step in range(4):
+        assert q.enqueue(torch.randn(4, 2), step, torch.arange(4)).tolist() == list(range(4 * step, 4 * step + 4))
+    assert q.write_step.tolist() == [s for s in range(4) for _ in range(4)]
+    drawn = [q.enqueue(torch.randn(4, 2), step).tolist() for step in range(4, 12)]
+    assert all(len(set(d)) == 4 for d in drawn) and drawn != [list(range(4 * (s % 4), 4 * (s % 4) + 4))
+                                                              for s in range(4, 12)]
+    written = torch.tensor(drawn[-1])
+    assert q.source[written].tolist() == [-1] * 4  # keys enqueued without their images: unknown
 
 
 def test_state_dict_carries_queue():
