@@ -106,3 +106,7 @@ def test_the_constructors_defaults_are_the_presets():
     v2 = MoCo(enc, KeyQueue(32, 8, 8))
     v3 = MoCoV3(build_encoder("convnet", 1, width=4, dim=8, predictor=True))
     assert (v2.m, v2.tau, v3.m, v3.tau) == (0.999, 0.2, 0.99, 0.2)
+    from mocolab.method.negative_sources import InBatchContrast, MemoryBank, MemoryBankContrast
+
+    # the other sources of negatives: the same τ
+    assert InBatchContrast(enc).tau == MemoryBankContrast(enc, MemoryBank(4, 8, 2)).tau == 0.2

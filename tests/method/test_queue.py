@@ -41,10 +41,26 @@ def test_negative_logits_shape_and_no_grad_into_queue():
     assert query.grad is not None and not q.keys.requires_grad
 
 
-@pytest.mark.parametrize("size, batch", [(0, 4), (10, 4), (-8, 4)])
-def test_bad_sizes(size, batch):
-    with pytest.raises(ValueError, match="queue.size"):
-        KeyQueue(size=size, dim=2, batch_size=batch)
+@pytest.mark.parametrize("size, batch, world, refused", [
+    (1, 1, 1, None), (8, 4, 2, None),  # the smallest queue; one global batch of two ranks
+    (0, 4, 1, r"^queue.size: 0 must be > 0$"), (-8, 4, 1, r"^queue.size: -8 must be > 0$"),
+    (10, 4, 1, r"^queue.size: 10 must be a positive multiple of the global batch 4$"),
+    (12, 4, 2, r"^queue.size: 12 must be a positive multiple of the global batch 8$"),  # of B·W, not B
+    (8, 0, 1, r"^queue.size: 8 must be a positive multiple of the global batch 0$"),
+    (8, 4, 0, r"^queue.size: 8 must be a positive multiple of the global batch 0$")])
+def test_a_queue_takes_any_multiple_of_its_global_batch_and_names_what_is_not(size, batch, world, refused):
+    if refused:
+        with pytest.raises(ValueError, match=refused):
+            KeyQueue(size=size, dim=2, batch_size=batch, world_size=world)
+        return
+    q = KeyQueue(size=size, dim=2, batch_size=batch, world_size=world)
+    # random unit keys, none a real key yet (write step and image -1), the ring at its start, whole numbers
+    torch.testing.assert_close(q.keys.norm(dim=1), torch.ones(size))
+    assert q.write_step.tolist() == q.source.tolist() == [-1] * size and int(q.ptr) == 0
+    assert q.write_step.dtype == q.source.dtype == q.ptr.dtype == torch.long
+    # random replacement's stream is the seed's: seed 0 unless told
+    draws = KeyQueue(size, 2, batch, world_size=world, policy="random").slot_generator.initial_seed()
+    assert draws == KeyQueue(size, 2, batch, world_size=world, policy="random", seed=0).slot_generator.initial_seed()
 
 
 def test_wrong_batch_enqueue():
