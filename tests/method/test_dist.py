@@ -89,8 +89,13 @@ def _both_layouts(rank: int, world: int, b: int, k: int) -> dict:
 
 def _random_replicated_queue(rank: int, world: int, seed: int) -> dict:
     q = build_queue("replicated", 16, DIM, 2, policy="random", seed=seed)
+    try:
+        build_queue("sharded", 16, DIM, 2, policy="random", seed=seed)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
     return {"type": type(q).__name__, "policy": q.policy, "world": q.world_size,
-            "draws": q.slot_generator.initial_seed()}
+            "draws": q.slot_generator.initial_seed(), "sharded": refused}
 
 
 def _ground_truth(g: int, k: int) -> dict:
@@ -284,10 +289,14 @@ def test_a_sharded_queue_draws_its_keys_from_its_generator_only():
     assert torch.equal(after, torch.rand(3))
 
 
-def test_a_sharded_queue_refuses_a_batch_other_than_its_own():
+def test_a_sharded_queue_refuses_a_batch_other_than_its_own_and_keys_written_after_its_snapshot():
     q = ShardedKeyQueue(16, 3, 2, rank=0, world_size=2)
     with pytest.raises(ValueError, match=r"^contrast got 3 queries; the queue was built for batches of 2$"):
         q.contrast(torch.randn(3, 3), torch.randn(3, 1), 0.2)
+    taken = q.snapshot()
+    q.enqueue(torch.randn(2, 3), 0)  # this rank's own keys: no collective
+    with pytest.raises(RuntimeError, match=r"^the queue was written after its snapshot"):  # before any collective
+        q.contrast(torch.randn(2, 3), torch.randn(2, 1), 0.2, negatives=taken)
 
 
 @pytest.mark.parametrize("policy, seed", [(None, None), ("fifo", 3), ("random", 3), ("random", None)])
@@ -322,7 +331,8 @@ def test_replicated_random_replacement_on_two_ranks_keeps_the_policy_and_the_run
     the run's seed names, as a one-process queue of that seed does."""
     alone = KeyQueue(16, DIM, 4, policy="random", seed=3).slot_generator.initial_seed()
     for r in launch(_random_replicated_queue, 2, tmp_path, 3):
-        assert r == {"type": "ReplicatedKeyQueue", "policy": "random", "world": 2, "draws": alone}
+        assert r == {"type": "ReplicatedKeyQueue", "policy": "random", "world": 2, "draws": alone,
+                     "sharded": "queue.policy: 'random' needs queue.layout=replicated with several ranks"}
 
 
 def test_unknown_layout_and_bn_mode():
