@@ -38,12 +38,13 @@ def _config(name: str):
     return build_config("smoke", {**TINY, key: name})
 
 
-def _build(name: str, seed: int = 0):
+def _build(name: str, seed: int = 0, dtype: torch.dtype | None = None):
+    """Method ``name`` as the Trainer builds it; ``dtype``: the encoders' autocast (run.precision)."""
     cfg = _config(name)
     torch.manual_seed(seed)  # the encoder's initial weights (the Trainer seeds the init stream here)
     labels = torch.arange(cfg.train_size) % CLASSES  # the training set's, by position (the Trainer: the source's)
     parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B,
-                        labels=labels, classes=CLASSES)
+                        encoder_dtype=dtype, labels=labels, classes=CLASSES)
     return build_method(cfg, parts)
 
 
@@ -194,11 +195,7 @@ def test_keys_in_bf16_on_one_process():
 def test_every_method_runs_its_encoders_in_the_run_s_precision(name):
     """run.precision=bf16: every convolution and linear layer of a step (query and key encoders, heads,
     predictors) computes under the encoders' autocast; the loss is still taken in float32."""
-    cfg = _config(name)
-    torch.manual_seed(0)
-    parts = MethodParts(encoder_factory(cfg, CHANNELS, SIZE, torch.device("cpu")), cfg.train_size, B,
-                        encoder_dtype=torch.bfloat16, labels=torch.arange(cfg.train_size) % CLASSES, classes=CLASSES)
-    method = build_method(cfg, parts).train()
+    method = _build(name, dtype=torch.bfloat16).train()
     seen = []
     for module in method.modules():
         if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
@@ -217,8 +214,9 @@ def test_the_memory_bank_takes_its_momentum_and_its_draws_from_the_config():
 
     first, again, other = bank(0, 0.7), bank(0, 0.3), bank(1, 0.7)
     assert (first.momentum, again.momentum) == (0.7, 0.3)
-    assert torch.equal(first.sample(), again.sample())  # the negatives drawn: the run's seed's
-    assert not torch.equal(bank(1, 0.7).sample(), bank(0, 0.7).sample())
+    draws = first.sample()
+    assert torch.equal(draws, again.sample())  # the negatives drawn: the run's seed's
+    assert not torch.equal(other.sample(), draws)
     assert other.sampler.initial_seed() != first.sampler.initial_seed()
 
 
